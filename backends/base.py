@@ -1,0 +1,195 @@
+"""The contract between the engine and every backend: plain data in (`Batch`), float32 logits out.
+
+The engine owns scheduling and KV *accounting* (which blocks a sequence holds); a backend owns the KV
+*memory* and runs one forward pass per engine step over the flattened mixed batch. Nothing here imports
+torch, mlx or llama_cpp.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SeqSpan:
+    """One sequence's share of a step: `length` new tokens at flattened offset `start`."""
+
+    slot: int  # the sequence's slot id, 0 <= slot < max_num_seqs (llama.cpp seq_id, per-slot caches)
+    start: int  # offset of this span's first token in Batch.token_ids / Batch.positions
+    length: int  # number of new tokens this step (1 for a decode, a chunk size for a prefill)
+    start_pos: int  # position of the first new token == tokens whose KV is already cached
+    block_table: list[int]  # KV blocks covering positions [0, start_pos + length), in order
+    need_logits: bool  # True for a decode or the last chunk of a prompt: logits of the span's last token
+
+    @property
+    def context_len(self) -> int:
+        """Tokens attended to by the span's last token (cached prefix + new tokens)."""
+        return self.start_pos + self.length
+
+
+@dataclass
+class Batch:
+    """A flattened mixed batch: decodes and prompt chunks of several sequences, one forward pass."""
+
+    token_ids: list[int]
+    positions: list[int]
+    spans: list[SeqSpan]
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def logits_rows(self) -> list[int]:
+        """Flattened indices of the tokens whose logits the engine needs, in span order."""
+        return [s.start + s.length - 1 for s in self.spans if s.need_logits]
+
+    @classmethod
+    def from_spans(cls, seqs: list[tuple[int, list[int], int, list[int], bool]], block_size: int) -> "Batch":
+        """Build from (slot, new_token_ids, start_pos, block_table, need_logits) tuples."""
+        token_ids: list[int] = []
+        positions: list[int] = []
+        spans: list[SeqSpan] = []
+        for slot, toks, start_pos, table, need in seqs:
+            spans.append(SeqSpan(slot, len(token_ids), len(toks), start_pos, list(table), need))
+            token_ids.extend(toks)
+            positions.extend(range(start_pos, start_pos + len(toks)))
+        return cls(token_ids, positions, spans, block_size)
+
+
+@dataclass
+class ModelInfo:
+    """What the daemon and the engine need to know about a loaded model."""
+
+    architecture: str  # llama | mistral | qwen2 | qwen3
+    vocab_size: int
+    context_length: int  # trained context window
+    embedding_length: int
+    block_count: int
+    head_count: int
+    head_count_kv: int
+    parameter_count: int = 0
+    file_type: str = ""  # F32 | F16 | BF16 | Q8_0 | Q4_0 | ... (Ollama's quantization_level)
+    metadata: dict[str, Any] = field(default_factory=dict)  # GGUF-style key/values for /api/show model_info
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Token ids <-> text. `token_bytes` is what streaming detokenisation is built on."""
+
+    vocab_size: int
+    bos_id: int | None
+    eos_ids: set[int]  # every end-of-generation token (EOS, EOT, <|im_end|>, ...)
+    add_bos: bool  # whether encode(add_special=True) prepends BOS
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to ids; `parse_special` turns literal special-token text (e.g. `<|im_end|>`) into its id."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw UTF-8 bytes this token contributes to the output (b"" for control tokens)."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Ids to text, control tokens dropped, invalid UTF-8 replaced."""
+        ...
+
+
+@dataclass
+class RunnerSettings:
+    """Load-time settings a backend honours where they apply."""
+
+    max_num_seqs: int = 8  # slots: llama.cpp n_seq_max, per-slot caches
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: derive from kv_memory_fraction / the context window
+    kv_memory_fraction: float = 0.9  # of free device memory, GPU only
+    context_length: int | None = None  # num_ctx cap per sequence; None = the model's trained window
+    max_num_batched_tokens: int = 2048  # largest step the engine will ask for (n_batch / n_ubatch)
+    device: str = "auto"  # torch: auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    num_threads: int | None = None  # None = physical cores
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A loaded model on one backend. One engine thread calls `step` and `free`; never concurrently."""
+
+    backend: str  # "torch" | "mlx" | "llamacpp"
+    info: ModelInfo
+    tokenizer: Tokenizer
+    chat_template: str | None  # Jinja chat template from the model files, if any
+    num_kv_blocks: int  # KV capacity the runner allocated, in blocks of settings.block_size
+    block_size: int
+    max_num_seqs: int
+
+    def step(self, batch: Batch) -> np.ndarray:
+        """One forward pass; float32 logits [len(batch.logits_rows), vocab_size] in span order."""
+        ...
+
+    def free(self, slot: int) -> None:
+        """Forget the KV of a slot (finish, abort, preempt). The engine reuses the slot afterwards."""
+        ...
+
+    def embed(self, token_ids: list[int]) -> np.ndarray:
+        """Final-layer hidden states (after the final norm), float32 [len(token_ids), hidden]; no KV kept."""
+        ...
+
+    def close(self) -> None:
+        """Release memory; the runner is unusable afterwards."""
+        ...
+
+
+class ModelLoadError(Exception):
+    """A model file is missing, corrupt or unsupported; the message names the file and the reason."""
+
+
+class UnsupportedArchitecture(ModelLoadError):
+    pass
+
+
+Loader = Callable[[str, RunnerSettings], Runner]
+_BACKENDS: dict[str, Callable[[], Loader]] = {}
+
+
+def register_backend(name: str, import_loader: Callable[[], Loader]) -> None:
+    """Register a backend lazily: `import_loader()` imports the heavy module only when first used."""
+    _BACKENDS[name] = import_loader
+
+
+def backend_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def load_runner(backend: str, model_path: str, settings: RunnerSettings) -> Runner:
+    """Load `model_path` (a GGUF file or an HF directory) with the named backend."""
+    if backend == "auto":
+        backend = auto_backend()
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
+    return _BACKENDS[backend]()(model_path, settings)
+
+
+def auto_backend() -> str:
+    """CUDA torch if a GPU is present, MLX on Apple Silicon, llama.cpp otherwise (torch as a fallback)."""
+    import importlib.util
+    import platform
+
+    if platform.system() == "Darwin" and platform.machine() == "arm64" and importlib.util.find_spec("mlx"):
+        return "mlx"
+    if importlib.util.find_spec("torch"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return "torch"
+        except Exception:  # a broken CUDA install must not stop the daemon
+            log.warning("torch present but CUDA probe failed", exc_info=True)
+    if importlib.util.find_spec("llama_cpp"):
+        return "llamacpp"
+    return "torch"

@@ -1,0 +1,363 @@
+"""The engine loop: schedule -> one forward pass -> sample -> commit, in its own thread.
+
+Callers (asyncio or plain threads) talk to it through a locked inbox; results flow back through each
+request's `RequestStream`. An exception inside a step fails only the sequences in that step.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ...backends.base import Runner
+from .budget import BudgetPolicy, FixedBudget, StepCost
+from .detokenizer import IncrementalDetokenizer
+from .kv import BlockManager, blocks_for
+from .params import SamplingParams
+from .sampling import RequestRng, penalty_window, sample_batch
+from .scheduler import Scheduler, SchedulerConfig, StepPlan
+from .sequence import Delta, RequestStream, Sequence, Status
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(Exception):
+    pass
+
+
+class PromptTooLong(EngineError, ValueError):
+    """The prompt does not fit the context window (or the whole KV pool)."""
+
+
+class QueueFull(EngineError):
+    pass
+
+
+class EngineStopped(EngineError):
+    pass
+
+
+@dataclass
+class EngineConfig:
+    prefill_mode: str = "chunked"  # chunked | monolithic
+    max_num_batched_tokens: int = 256  # fixed token budget per step (decodes + prompt chunks)
+    max_prefill_chunk: int | None = None
+    max_num_seqs: int | None = None  # None = the runner's slots
+    target_itl_ms: float = 0.0  # > 0: adaptive, latency-targeted budget
+    max_queue: int = 512
+    context_length: int | None = None  # per-sequence window; None = the model's
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.target_itl_ms < 0:
+            raise ValueError(f"target_itl_ms must be >= 0, got {self.target_itl_ms}")
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    steps: int
+    block_size: int
+
+
+class _SeqState:
+    """Per-sequence engine-side state that the scheduler does not need."""
+
+    __slots__ = ("detok", "rng")
+
+    def __init__(self, seq: Sequence) -> None:
+        self.detok = IncrementalDetokenizer(seq.params.stop)
+        self.rng = RequestRng(seq.params.seed)
+
+
+def penalty_history(seq: Sequence) -> list[int]:
+    n = penalty_window(seq.params, seq.num_tokens)
+    return seq.tokens(seq.num_tokens - n, seq.num_tokens) if n else []
+
+
+def make_budget_policy(config: EngineConfig) -> BudgetPolicy:
+    if config.target_itl_ms > 0:
+        from .budget import AdaptiveBudget  # noqa: PLC0415  (lands with the latency-targeted policy)
+
+        return AdaptiveBudget(config.target_itl_ms, max_tokens=config.max_num_batched_tokens)
+    return FixedBudget(config.max_num_batched_tokens)
+
+
+class Engine:
+    def __init__(self, runner: Runner, config: EngineConfig | None = None, name: str = "") -> None:
+        self.runner = runner
+        self.config = config or EngineConfig()
+        self.name = name
+        max_seqs = min(self.config.max_num_seqs or runner.max_num_seqs, runner.max_num_seqs)
+        self.block_size = runner.block_size
+        self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size)
+        self.policy = make_budget_policy(self.config)
+        self.scheduler = Scheduler(
+            SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk), self.blocks, self.policy,
+            on_release=runner.free)
+        self.context_length = min(self.config.context_length or runner.info.context_length, runner.info.context_length)
+        self.eos_ids = set(runner.tokenizer.eos_ids)
+        self._states: dict[int, _SeqState] = {}
+        self._seqs: dict[int, Sequence] = {}
+        self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
+        self._cv = threading.Condition()
+        self._subscribers: list[Callable[[dict], None]] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.steps = 0
+
+    # ---- public API (any thread) ----
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"engine-{self.name}", daemon=True)
+            self._thread.start()
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, *, user: dict | None = None,
+               loop: asyncio.AbstractEventLoop | None | str = "auto") -> RequestStream:
+        if self._stopping:
+            raise EngineStopped("the engine is shutting down")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        n = len(prompt_ids)
+        if n >= self.context_length:
+            raise PromptTooLong(f"the prompt is {n} tokens but the context window is {self.context_length} "
+                                f"(it must leave room for at least one generated token)")
+        if blocks_for(n + 1, self.block_size) > self.blocks.num_blocks:
+            raise PromptTooLong(f"the prompt is {n} tokens but the KV cache holds only "
+                                f"{self.blocks.num_blocks * self.block_size} tokens")
+        bad = [t for t in prompt_ids if not 0 <= t < self.runner.info.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.runner.info.vocab_size})")
+        if len(self._seqs) >= self.config.max_queue + self.scheduler.config.max_num_seqs:
+            raise QueueFull("server busy, please try again.  maximum pending requests exceeded")
+        if loop == "auto":
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        seq = Sequence(prompt_ids, params, self.context_length, user=user)
+        seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
+        self._post("add", seq)
+        return seq.stream
+
+    def abort(self, seq_id: int) -> None:
+        self._post("abort", seq_id)
+
+    def embed(self, token_ids: list[int]) -> "concurrent.futures.Future[np.ndarray]":
+        """Hidden states for `token_ids`, computed on the engine thread between steps."""
+        fut: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
+        self._post("embed", (list(token_ids), fut))
+        return fut
+
+    def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]:
+        self._subscribers = self._subscribers + [fn]
+
+        def unsubscribe() -> None:
+            self._subscribers = [f for f in self._subscribers if f is not fn]
+
+        return unsubscribe
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_used,
+                           self.blocks.num_blocks, self.steps, self.block_size)
+
+    def run_once(self) -> bool:
+        """Handle queued calls and run one step in the caller's thread (tests, benchmarks; no loop thread).
+        Returns whether work remains."""
+        if self._thread is not None:
+            raise RuntimeError("run_once() drives an engine whose loop thread is not started")
+        with self._cv:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, payload in items:
+            self._handle(kind, payload)
+        if self.scheduler.has_work:
+            self._step()
+        return self.scheduler.has_work or bool(self._inbox)
+
+    @property
+    def idle(self) -> bool:
+        return not self._seqs and not self._inbox
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        if self._thread is None:
+            self._abort_all("abort", None)
+            return
+        self._post("stop", None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    # ---- engine thread ----
+    def _post(self, kind: str, payload: Any) -> None:
+        with self._cv:
+            self._inbox.append((kind, payload))
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and not self.scheduler.has_work:
+                    self._cv.wait()
+                items = list(self._inbox)
+                self._inbox.clear()
+            for kind, payload in items:
+                if kind == "stop":
+                    self._abort_all("abort", None)
+                    return
+                self._handle(kind, payload)
+            if self.scheduler.has_work:
+                try:
+                    self._step()
+                except Exception:  # a bug outside the forward pass: fail everything, keep the thread alive
+                    log.exception("engine step failed")
+                    self._abort_all("error", "internal engine error (see the daemon log)")
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "add":
+            seq: Sequence = payload
+            self._seqs[seq.seq_id] = seq
+            self._states[seq.seq_id] = _SeqState(seq)
+            self.scheduler.add(seq)
+            self._publish_request(seq, "queued")
+        elif kind == "abort":
+            seq = self._seqs.get(payload)
+            if seq is not None:
+                self._finish(seq, "abort")
+        elif kind == "embed":
+            ids, fut = payload
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(self.runner.embed(ids))
+                except Exception as e:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+
+    def _step(self) -> None:
+        plan = self.scheduler.schedule()
+        if not plan.spans:
+            # Blocked (e.g. waiting on KV with nothing running cannot happen, but be safe): let time pass.
+            time.sleep(0.001)
+            return
+        now = time.perf_counter_ns()
+        for span in plan.spans:
+            if span.seq.t_first_scheduled is None:
+                span.seq.t_first_scheduled = now
+                span.seq.metrics.queue_ns = now - span.seq.t_arrival
+                self._publish_request(span.seq, "scheduled")
+        batch = plan.to_batch(self.block_size)
+        t0 = time.perf_counter()
+        try:
+            logits = self.runner.step(batch)
+        except Exception as e:  # noqa: BLE001 - only this step's sequences fail
+            log.exception("forward pass failed; failing the %d sequences of this step", len(plan.spans))
+            for span in plan.spans:
+                self._finish(span.seq, "error", f"forward pass failed: {e}")
+            return
+        dt = time.perf_counter() - t0
+        self.steps += 1
+        for span in plan.spans:
+            span.seq.num_computed += span.num_tokens
+        sampled = [s for s in plan.spans if s.need_logits]
+        if sampled:
+            seqs = [s.seq for s in sampled]
+            toks = sample_batch(
+                np.array(logits, dtype=np.float32, copy=True), [q.params for q in seqs],
+                [self._states[q.seq_id].rng for q in seqs],
+                [penalty_history(q) for q in seqs])
+            for seq, tok in zip(seqs, toks.tolist()):
+                self._commit(seq, int(tok))
+        self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.context_tokens, dt))
+        self._publish_step(plan, dt)
+
+    def _commit(self, seq: Sequence, tok: int) -> None:
+        now = time.perf_counter_ns()
+        m = seq.metrics
+        if seq.t_first_token is None:
+            seq.t_first_token = now
+            m.ttft_ns = now - seq.t_arrival
+            m.prompt_eval_duration = now - (seq.t_first_scheduled or now)
+            self._publish_request(seq, "first_token")
+        elif seq.t_last_token is not None:
+            m.itl_ns.append(now - seq.t_last_token)
+        seq.t_last_token = now
+        m.eval_count += 1
+        st = self._states[seq.seq_id]
+        if tok in self.eos_ids:
+            self._finish(seq, "stop")
+            return
+        seq.output_ids.append(tok)
+        text = st.detok.add(self.runner.tokenizer.token_bytes(tok))
+        if st.detok.stopped:
+            if text:
+                self._send(seq, Delta(text, [tok]))
+            self._finish(seq, "stop")
+            return
+        self._send(seq, Delta(text, [tok]))
+        if self._subscribers:
+            self._publish_request(seq, "token", text=text)
+        p = seq.params
+        out = len(seq.output_ids)
+        if (p.num_predict >= 0 and out >= p.num_predict) or seq.num_tokens >= seq.max_tokens:
+            self._finish(seq, "length")
+
+    def _send(self, seq: Sequence, delta: Delta) -> None:
+        if seq.stream is not None:
+            seq.stream.push(delta)
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        if seq.is_finished:
+            return
+        self.scheduler.finish(seq)
+        st = self._states.pop(seq.seq_id, None)
+        self._seqs.pop(seq.seq_id, None)
+        tail = st.detok.flush() if st is not None and reason in ("length", "stop") else ""
+        now = time.perf_counter_ns()
+        m = seq.metrics
+        m.total_duration = now - seq.t_arrival
+        if seq.t_first_token is not None and seq.t_last_token is not None:
+            m.eval_duration = max(seq.t_last_token - seq.t_first_token, 0) or 1
+        seq.finish_reason = reason
+        self._send(seq, Delta(tail, [], done=True, done_reason=reason, error=error, metrics=m))
+        self._publish_request(seq, "finished", done_reason=reason, text=tail)
+
+    def _abort_all(self, reason: str, error: str | None) -> None:
+        for seq in list(self._seqs.values()):
+            self._finish(seq, reason, error)
+
+    # ---- events ----
+    def _emit(self, event: dict) -> None:
+        for fn in self._subscribers:
+            try:
+                fn(event)
+            except Exception:  # noqa: BLE001 - a broken subscriber must not stop the engine
+                log.exception("event subscriber failed")
+
+    def _publish_step(self, plan: StepPlan, dt: float) -> None:
+        if not self._subscribers:
+            return
+        self._emit({
+            "type": "step", "time": time.time(), "model": self.name, "decodes": plan.num_decodes,
+            "prefill_tokens": plan.prefill_tokens, "prefill_seqs": len(plan.spans) - plan.num_decodes,
+            "step_ms": dt * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
+            "kv_total": self.blocks.num_blocks, "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),
+        })
+
+    def _publish_request(self, seq: Sequence, event: str, **extra: Any) -> None:
+        if not self._subscribers:
+            return
+        self._emit({"type": "request", "event": event, "time": time.time(), "model": self.name,
+                    "seq_id": seq.seq_id, "user": seq.user, "prompt_tokens": len(seq.prompt_ids),
+                    "output_tokens": len(seq.output_ids), **extra})

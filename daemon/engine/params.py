@@ -1,0 +1,97 @@
+"""Per-request sampling parameters with Ollama's option names, defaults and validation."""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Ollama's api.DefaultOptions() for the sampling keys (repeat_penalty is 1.0 since v0.32.10).
+_FLOAT_KEYS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
+_INT_KEYS = ("top_k", "repeat_last_n", "seed", "num_predict")
+# Accepted and ignored, as Ollama does (runner options and removed knobs).
+IGNORED_OPTIONS = frozenset(
+    {
+        "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "num_keep", "draft_num_predict",
+        "mirostat", "mirostat_tau", "mirostat_eta", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
+        "penalize_newline", "numa", "tfs_z", "embedding_only",
+    }
+)
+
+
+class InvalidParams(ValueError):
+    """A sampling option has the wrong type or is out of range; the message names it."""
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64  # 0 = off, -1 = the whole context
+    seed: int = -1  # -1 = random
+    num_predict: int = -1  # -1 = until a stop condition, -2 = until the context is full
+    stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in _FLOAT_KEYS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise InvalidParams(f"option {name!r} must be a finite number, got {v!r}")
+            setattr(self, name, float(v))
+        for name in _INT_KEYS:
+            v = getattr(self, name)
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+                setattr(self, name, v)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidParams(f"option {name!r} must be an integer, got {v!r}")
+        if self.temperature < 0:
+            raise InvalidParams(f"option 'temperature' must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise InvalidParams(f"option 'top_k' must be >= 0 (0 = off), got {self.top_k}")
+        for name in ("top_p", "min_p", "typical_p"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise InvalidParams(f"option {name!r} must be between 0 and 1, got {v}")
+        if self.repeat_penalty <= 0:
+            raise InvalidParams(f"option 'repeat_penalty' must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise InvalidParams(f"option 'repeat_last_n' must be >= -1, got {self.repeat_last_n}")
+        if self.num_predict < -2:
+            raise InvalidParams(f"option 'num_predict' must be -1, -2 or >= 0, got {self.num_predict}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise InvalidParams(f"option 'stop' must be a list of strings, got {self.stop!r}")
+        self.stop = [s for s in self.stop if s]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> "SamplingParams":
+        """Ollama precedence: built-in defaults < `defaults` (model PARAMETERs) < request `options`."""
+        merged: dict[str, Any] = {}
+        known = {f.name for f in fields(cls)}
+        for layer in (defaults or {}, options or {}):
+            if not isinstance(layer, dict):
+                raise InvalidParams(f"options must be an object, got {type(layer).__name__}")
+            for key, value in layer.items():
+                if key in known:
+                    if value is not None:
+                        merged[key] = value
+                elif key not in IGNORED_OPTIONS:
+                    log.warning("invalid option provided: %s (ignored, as Ollama does)", key)
+        return cls(**merged)

@@ -1,0 +1,150 @@
+"""A request inside the engine: its tokens, progress, KV blocks, timings, and the deltas it streams out."""
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterator
+
+from .params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds a slot and KV blocks; prefilling or decoding
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    """Ollama's per-request figures (nanoseconds) plus what a latency benchmark needs."""
+
+    prompt_eval_count: int = 0
+    prompt_eval_duration: int = 0  # first scheduled prompt step start -> first token
+    eval_count: int = 0
+    eval_duration: int = 0  # first token -> last token
+    load_duration: int = 0  # filled in by the model manager
+    total_duration: int = 0  # arrival -> finish
+    ttft_ns: int = 0  # arrival -> first token
+    itl_ns: list[int] = field(default_factory=list)  # every gap between consecutive generated tokens
+    queue_ns: int = 0  # arrival -> first scheduled
+    preemptions: int = 0
+
+    def as_ollama(self) -> dict[str, int]:
+        return {
+            "total_duration": self.total_duration,
+            "load_duration": self.load_duration,
+            "prompt_eval_count": self.prompt_eval_count,
+            "prompt_eval_duration": self.prompt_eval_duration,
+            "eval_count": self.eval_count,
+            "eval_duration": self.eval_duration,
+        }
+
+
+@dataclass
+class Delta:
+    """One streamed piece of a request's output. `metrics` and `done_reason` come only with done=True."""
+
+    text: str
+    token_ids: list[int]
+    done: bool = False
+    done_reason: str | None = None  # "stop" (EOS/EOG or a stop string) | "length" | "abort" | "error"
+    error: str | None = None
+    metrics: RequestMetrics | None = None
+
+
+_ids = itertools.count(1)
+
+
+class RequestStream:
+    """Thread-safe delta channel: the engine thread pushes, the caller iterates (async or sync)."""
+
+    def __init__(self, seq_id: int, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.seq_id = seq_id
+        self._loop = loop
+        self._aq: asyncio.Queue[Delta] | None = asyncio.Queue() if loop is not None else None
+        self._q: queue.SimpleQueue[Delta] = queue.SimpleQueue()
+
+    def push(self, delta: Delta) -> None:
+        if self._loop is not None and self._aq is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._aq.put_nowait, delta)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                pass
+        else:
+            self._q.put(delta)
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        if self._aq is None:
+            raise RuntimeError("this stream was submitted without an event loop; iterate it synchronously")
+        while True:
+            d = await self._aq.get()
+            yield d
+            if d.done:
+                return
+
+    def __iter__(self) -> Iterator[Delta]:
+        if self._aq is not None:
+            raise RuntimeError("this stream belongs to an event loop; iterate it with `async for`")
+        while True:
+            d = self._q.get()
+            yield d
+            if d.done:
+                return
+
+
+class Sequence:
+    """Tokens known vs tokens computed (vLLM's invariant): prefill, chunking and recompute are one mechanism."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
+                 stream: RequestStream | None = None, seq_id: int | None = None,
+                 user: dict[str, Any] | None = None) -> None:
+        self.seq_id = seq_id if seq_id is not None else next(_ids)
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.max_tokens = max_tokens  # context window: prompt + output may not exceed it
+        self.stream = stream
+        self.user = user or {}  # opaque data of the caller (model name, endpoint) for events
+        self.status = Status.WAITING
+        self.num_computed = 0  # tokens whose KV exists in the backend
+        self.slot: int | None = None
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None
+        self.abort_requested = False
+        self.metrics = RequestMetrics(prompt_eval_count=len(self.prompt_ids))
+        self.t_arrival = time.perf_counter_ns()
+        self.t_first_scheduled: int | None = None
+        self.t_last_token: int | None = None
+        self.t_first_token: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def token_at(self, i: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[i] if i < n else self.output_ids[i - n]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        return (self.prompt_ids + self.output_ids)[start:end] if end > len(self.prompt_ids) else self.prompt_ids[start:end]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Exactly one token left to compute and the prompt is done: this step samples a new token."""
+        return self.num_uncomputed == 1 and self.num_computed >= len(self.prompt_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt_ids)}, "
+                f"out={len(self.output_ids)}, computed={self.num_computed}, slot={self.slot})")

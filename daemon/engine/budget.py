@@ -5,8 +5,11 @@ policy lives beside it and is chosen by `make_budget_policy`.
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 
 @dataclass
@@ -20,8 +23,9 @@ class StepCost:
 
 
 class BudgetPolicy(Protocol):
-    def prefill_budget(self, num_decodes: int, decode_context: int) -> int:
-        """Prompt tokens this step may take, given its decodes and their summed context length."""
+    def prefill_budget(self, num_decodes: int, decode_context: int, prefill_start: int = 0) -> int:
+        """Prompt tokens this step may take, given its decodes, their summed context length and the
+        cached prefix of the first prompt in line."""
         ...
 
     def observe(self, cost: StepCost) -> None:
@@ -34,8 +38,89 @@ class FixedBudget:
     def __init__(self, max_num_batched_tokens: int) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens
 
-    def prefill_budget(self, num_decodes: int, decode_context: int) -> int:
+    def prefill_budget(self, num_decodes: int, decode_context: int, prefill_start: int = 0) -> int:
         return max(0, self.max_num_batched_tokens - num_decodes)
 
     def observe(self, cost: StepCost) -> None:
         pass
+
+
+class AdaptiveBudget:
+    """Sizes each prompt chunk so the step stays under a target inter-token latency.
+
+    Cost model, refitted by least squares over a sliding window of measured steps:
+        step_seconds ~= a + b*decodes + c*prefill_tokens + d*context_tokens
+    where context_tokens sums, over the step's spans, the tokens attended (cached prefix + new). The
+    chunk is the largest P with a + b*D + d*(ctx_D + start + P) + c*P <= margin*target, rounded down to
+    a multiple of `tile` (16 on GPUs, where GEMMs run in tile waves and 257 rows cost like 272; 1 on
+    CPUs, whose matmul cost is linear in rows, where rounding 28 down to 16 would waste 40% of the
+    step), never below `floor` so ingestion always progresses. With no decodes
+    in the step nobody is waiting on a token, so the prompt runs at full speed (`max_tokens`).
+    Limits: the model is linear, so a backend whose cost jumps at tile/ubatch boundaries is fitted on
+    average (the margin absorbs that and timing noise); until enough distinct steps are seen, chunks
+    grow geometrically from the floor to probe the curve; the window forgets old steps, so the fit
+    follows a cost that changes (thermal throttling, another process on the machine).
+    """
+
+    def __init__(self, target_ms: float, max_tokens: int, tile: int = 16, floor: int = 16, window: int = 96,
+                 margin: float = 0.97) -> None:
+        if target_ms <= 0:
+            raise ValueError(f"target_ms must be > 0, got {target_ms}")
+        self.target = target_ms / 1e3
+        self.max_tokens = max_tokens
+        self.floor = max(1, min(floor, max_tokens))
+        self.margin = margin
+        self.tile = max(1, tile)
+        self._rows: collections.deque[tuple[float, float, float, float]] = collections.deque(maxlen=window)
+        self._y: collections.deque[float] = collections.deque(maxlen=window)
+        self.coef: np.ndarray | None = None  # (a, b, c, d) once fitted
+        self._probe = self.floor
+        self._since_fit = 0
+
+    def prefill_budget(self, num_decodes: int, decode_context: int, prefill_start: int = 0) -> int:
+        room = self.max_tokens - num_decodes
+        if num_decodes == 0:
+            return room
+        if self.coef is None:
+            return max(self.floor, min(self._probe, room))
+        a, b, c, d = self.coef
+        fixed = a + b * num_decodes + d * (decode_context + prefill_start)
+        per_token = c + d
+        chunk = (self.margin * self.target - fixed) / per_token if per_token > 0 else room
+        chunk = int(chunk) // self.tile * self.tile
+        return max(min(self.floor, room), min(chunk, room))
+
+    def observe(self, cost: StepCost) -> None:
+        if cost.num_decodes == 0 and cost.prefill_tokens == 0:
+            return
+        self._rows.append((1.0, cost.num_decodes, cost.prefill_tokens, cost.context_tokens))
+        self._y.append(cost.seconds)
+        if cost.num_decodes and self.coef is None:
+            over = cost.seconds > self.margin * self.target
+            self._probe = max(self.floor, self._probe // 2) if over else min(self._probe * 2, self.max_tokens)
+        self._since_fit += 1
+        if len(self._y) >= 8 and (self.coef is None or self._since_fit >= 4):
+            self._fit()
+
+    def _fit(self) -> None:
+        X = np.array(self._rows)
+        y = np.array(self._y)
+        if np.linalg.matrix_rank(X) < 3 or len(set(X[:, 2])) < 2:
+            return  # not enough variety in chunk sizes yet to separate the prefill cost
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        # Costs cannot be negative; a negative coefficient is noise, refit without that term.
+        for _ in range(3):
+            neg = coef < 0
+            if not neg.any():
+                break
+            keep = ~neg
+            sub, *_ = np.linalg.lstsq(X[:, keep], y, rcond=None)
+            coef = np.zeros(4)
+            coef[keep] = sub
+        self.coef = np.maximum(coef, 0.0)
+        self._since_fit = 0
+
+    def predict(self, num_decodes: int, prefill_tokens: int, context_tokens: int) -> float:
+        if self.coef is None:
+            return float("nan")
+        return float(self.coef @ np.array([1.0, num_decodes, prefill_tokens, context_tokens]))

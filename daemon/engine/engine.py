@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...backends.base import Runner
-from .budget import BudgetPolicy, FixedBudget, StepCost
+from .budget import AdaptiveBudget, BudgetPolicy, FixedBudget, StepCost
 from .detokenizer import IncrementalDetokenizer
 from .kv import BlockManager, blocks_for
 from .params import SamplingParams
@@ -50,14 +50,14 @@ class EngineConfig:
     max_num_batched_tokens: int = 256  # fixed token budget per step (decodes + prompt chunks)
     max_prefill_chunk: int | None = None
     max_num_seqs: int | None = None  # None = the runner's slots
-    target_itl_ms: float = 0.0  # > 0: adaptive, latency-targeted budget
+    target_itl_ms: float | None = 0.0  # > 0: adaptive, latency-targeted budget; None: by device; 0: fixed
     max_queue: int = 512
     context_length: int | None = None  # per-sequence window; None = the model's
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.target_itl_ms < 0:
+        if self.target_itl_ms is not None and self.target_itl_ms < 0:
             raise ValueError(f"target_itl_ms must be >= 0, got {self.target_itl_ms}")
 
 
@@ -86,11 +86,19 @@ def penalty_history(seq: Sequence) -> list[int]:
     return seq.tokens(seq.num_tokens - n, seq.num_tokens) if n else []
 
 
-def make_budget_policy(config: EngineConfig) -> BudgetPolicy:
-    if config.target_itl_ms > 0:
-        from .budget import AdaptiveBudget  # noqa: PLC0415  (lands with the latency-targeted policy)
+def runs_on_cpu(runner: Runner) -> bool:
+    return str(getattr(runner, "device", "cpu")).startswith("cpu")
 
-        return AdaptiveBudget(config.target_itl_ms, max_tokens=config.max_num_batched_tokens)
+
+def default_target_itl_ms(runner: Runner) -> float:
+    """50 ms on an accelerator; on a CPU a prompt token costs milliseconds, so 150 ms keeps ingestion moving."""
+    return 150.0 if runs_on_cpu(runner) else 50.0
+
+
+def make_budget_policy(config: EngineConfig, runner: Runner) -> BudgetPolicy:
+    target = default_target_itl_ms(runner) if config.target_itl_ms is None else config.target_itl_ms
+    if target > 0:
+        return AdaptiveBudget(target, max_tokens=config.max_num_batched_tokens, tile=1 if runs_on_cpu(runner) else 16)
     return FixedBudget(config.max_num_batched_tokens)
 
 
@@ -102,7 +110,7 @@ class Engine:
         max_seqs = min(self.config.max_num_seqs or runner.max_num_seqs, runner.max_num_seqs)
         self.block_size = runner.block_size
         self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size)
-        self.policy = make_budget_policy(self.config)
+        self.policy = make_budget_policy(self.config, runner)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk), self.blocks, self.policy,
             on_release=runner.free)

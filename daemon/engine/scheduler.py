@@ -96,7 +96,10 @@ class Scheduler:
             scheduled.add(seq.seq_id)
             plan.num_decodes += 1
         decode_context = sum(s.seq.num_computed + 1 for s in plan.spans)
-        allowance = self.policy.prefill_budget(plan.num_decodes, decode_context)
+        nxt = next((s for s in self.running if s.seq_id not in scheduled and s.status is Status.RUNNING), None)
+        if nxt is None and self.waiting:
+            nxt = self.waiting[0]
+        allowance = self.policy.prefill_budget(plan.num_decodes, decode_context, nxt.num_computed) if nxt else 0
         plan.budget = plan.num_decodes + allowance
         monolithic = self.config.prefill_mode == "monolithic"
         # 2. Partial prefills (and recomputes) of running sequences, FCFS.

@@ -1,0 +1,124 @@
+"""A `Tokenizer` (see base.py) over the `tokenizers` package, for HF tokenizer.json and GGUF vocabs."""
+from __future__ import annotations
+
+import logging
+import re
+from functools import lru_cache
+from typing import Iterable
+
+from tokenizers import Tokenizer as HFTok
+
+log = logging.getLogger(__name__)
+
+# Tokens that end a generation in the families we run, besides the declared EOS.
+END_OF_GENERATION = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>", "</s>")
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@lru_cache(maxsize=1)
+def byte_level_decoder() -> dict[str, int]:
+    """GPT-2's printable-unicode -> byte map (inverse of bytes_to_unicode)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    table = byte_level_decoder()
+    try:
+        return bytes(table[c] for c in piece)
+    except KeyError:  # not a byte-level piece after all (e.g. a plain-text added token)
+        return piece.encode("utf-8")
+
+
+def _spm_bytes(piece: str) -> bytes:
+    m = _BYTE_TOKEN.match(piece)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    return piece.replace("\u2581", " ").encode("utf-8")
+
+
+class HFTokenizer:
+    """Token ids <-> text with raw per-token bytes for streaming detokenisation."""
+
+    def __init__(
+        self,
+        tok: HFTok,
+        *,
+        bos_id: int | None,
+        eos_ids: Iterable[int],
+        add_bos: bool,
+        byte_scheme: str,  # "byte_level" (GPT-2 style BPE) | "spm" (▁ for space, <0xNN> byte fallback)
+        control_ids: Iterable[int] = (),
+        add_eos: bool = False,
+        eos_id: int | None = None,
+    ) -> None:
+        if byte_scheme not in ("byte_level", "spm"):
+            raise ValueError(f"byte_scheme {byte_scheme!r}; allowed: byte_level, spm")
+        self._tok = tok
+        # A twin that leaves special-token text alone, for parse_special=False (the flag is per object).
+        self._tok_plain = HFTok.from_str(tok.to_str())
+        self._tok_plain.encode_special_tokens = True
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.bos_id = bos_id
+        self.add_bos = bool(add_bos and bos_id is not None)
+        self.add_eos = bool(add_eos and eos_id is not None)
+        self.eos_id = eos_id
+        self.byte_scheme = byte_scheme
+        added = tok.get_added_tokens_decoder()
+        self.control_ids = set(control_ids) | {i for i, t in added.items() if t.special}
+        eos = {int(i) for i in eos_ids if i is not None}
+        for name in END_OF_GENERATION:
+            tid = tok.token_to_id(name)
+            if tid is not None:
+                eos.add(tid)
+        self.eos_ids = eos
+        self._bytes = self._token_bytes_table(added)
+
+    def _token_bytes_table(self, added: dict) -> list[bytes]:
+        """Raw bytes of every id, computed once: streaming detokenisation looks them up per token."""
+        to_bytes = _byte_level_bytes if self.byte_scheme == "byte_level" else _spm_bytes
+        table: list[bytes] = []
+        for i in range(self.vocab_size):
+            if i in self.control_ids:
+                table.append(b"")
+                continue
+            if i in added:  # added tokens keep their literal text
+                table.append(added[i].content.encode("utf-8"))
+                continue
+            piece = self._tok.id_to_token(i)
+            table.append(to_bytes(piece) if piece is not None else b"")
+        return table
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to ids; BOS (and EOS where the model asks for it) only when `add_special`."""
+        tok = self._tok if parse_special else self._tok_plain
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if add_special:
+            if self.add_bos:
+                ids = [self.bos_id, *ids]  # type: ignore[list-item]
+            if self.add_eos:
+                ids.append(self.eos_id)  # type: ignore[arg-type]
+        return ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if 0 <= token_id < len(self._bytes):
+            return self._bytes[token_id]
+        raise IndexError(f"token id {token_id} out of range [0, {len(self._bytes)})")
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    @property
+    def backend_tokenizer(self) -> HFTok:
+        """The underlying `tokenizers.Tokenizer`."""
+        return self._tok

@@ -1,0 +1,87 @@
+"""Paged KV memory for MLX: per layer K and V arrays of [num_blocks * block_size, n_kv_heads, head_dim] token slots.
+
+Why paged rather than per-slot: the engine already hands every span a block table, so paging uses the
+engine's accounting as-is (the same blocks the scheduler counts are the memory we hold), preemption and
+a future shared prefix need no copy, and capacity is `num_blocks`, not `max_num_seqs x context` reserved
+up front. The cost is one gather of each span's context per layer, the same as the torch backend pays.
+The logical layout is [num_blocks, block_size, n_kv, head_dim]; we keep it flattened so a token's slot is
+`block * block_size + offset` and writes/reads are a single scatter/gather.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import mlx.core as mx
+
+log = logging.getLogger(__name__)
+
+CPU_MEMORY_FRACTION = 0.5  # of MemAvailable: the KV must not push a desktop into swap
+
+
+class PagedKVCache:
+    """K/V blocks owned by the runner; the engine decides which blocks a sequence holds."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                 dtype: mx.Dtype) -> None:
+        shape = (num_blocks * block_size, n_kv_heads, head_dim)
+        self.k = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        mx.eval(self.k, self.v)  # allocate now, so an out-of-memory shows at load time
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def write(self, layer: int, slot_mapping: mx.array, k: mx.array, v: mx.array) -> None:
+        """Scatter the new tokens' K/V [T, n_kv, head_dim] into their slots (in place once evaluated)."""
+        self.k[layer][slot_mapping] = k
+        self.v[layer][slot_mapping] = v
+
+    def arrays(self) -> list[mx.array]:
+        """Every cache array, to evaluate together with the step's logits."""
+        return self.k + self.v
+
+    def close(self) -> None:
+        self.k.clear()
+        self.v.clear()
+
+
+def bytes_per_block(num_layers: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: mx.Dtype) -> int:
+    return 2 * num_layers * block_size * n_kv_heads * head_dim * dtype.size
+
+
+def _available_host_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30  # unknown platform: assume a modest desktop
+
+
+def _memory_budget(device: mx.Device, fraction: float) -> int:
+    """Bytes the KV may take: a fraction of Metal's recommended working set left after the weights, else host RAM."""
+    if device.type == mx.gpu and mx.metal.is_available():
+        info = mx.device_info()
+        total = int(info.get("max_recommended_working_set_size", info.get("memory_size", 8 << 30)))
+        return max(0, int((total - mx.get_active_memory()) * fraction))
+    return int(_available_host_bytes() * CPU_MEMORY_FRACTION)
+
+
+def plan_num_blocks(*, requested: int | None, max_num_seqs: int, context_length: int, block_size: int,
+                    block_bytes: int, device: mx.Device, memory_fraction: float) -> int:
+    """Blocks to allocate: `requested`, else enough for every slot at full context, capped by memory."""
+    if requested is not None:
+        if requested <= 0:
+            raise ValueError(f"num_kv_blocks={requested} must be a positive int")
+        return requested
+    wanted = max_num_seqs * math.ceil(context_length / block_size)
+    cap = max(1, _memory_budget(device, memory_fraction) // block_bytes)
+    blocks = min(wanted, cap)
+    if blocks < wanted:
+        log.warning("KV cache capped by memory: %d blocks (%d tokens) instead of %d", blocks, blocks * block_size, wanted)
+    return blocks

@@ -1,0 +1,141 @@
+"""The PyTorch runner: one forward per engine step over the flattened mixed batch, paged KV in torch tensors."""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
+from ..common import build_model_info, open_model
+from .attention import build_step_attention, check_batch, dense_causal
+from .kv import PagedKVCache, bytes_per_block, plan_num_blocks
+from .models import build_model
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` = CUDA if available, else CPU; otherwise cpu | cuda | cuda:N | mps."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device {name!r} invalid; allowed: auto, cpu, cuda, cuda:N, mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available (torch {torch.__version__})")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} requested but MPS is not available")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {name!r} invalid; allowed: auto, cpu, cuda, cuda:N, mps")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` = bfloat16 on CUDA (float16 on MPS), float32 on CPU."""
+    if name == "auto":
+        return {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32)
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} invalid; allowed: auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+class TorchRunner:
+    """A loaded model on torch (see base.Runner)."""
+
+    backend = "torch"
+
+    def __init__(self, model_path: str, settings: RunnerSettings) -> None:
+        t0 = time.perf_counter()
+        self.device = resolve_device(settings.device)
+        self.dtype = resolve_dtype(settings.dtype, self.device)
+        if settings.num_threads is not None:
+            if settings.num_threads <= 0:
+                raise ValueError(f"num_threads={settings.num_threads} must be a positive int")
+            torch.set_num_threads(settings.num_threads)
+        if settings.block_size <= 0 or settings.max_num_seqs <= 0:
+            raise ValueError(f"block_size={settings.block_size} and max_num_seqs={settings.max_num_seqs} must be > 0")
+        src = open_model(model_path)
+        files = src.files()
+        self.args = files.args
+        try:
+            self.model = build_model(self.args, src.iter_tensors(), self.device, self.dtype, model_path)
+        except torch.cuda.OutOfMemoryError as e:
+            raise ModelLoadError(f"{model_path}: not enough GPU memory for the weights ({e})") from None
+        self.info: ModelInfo = build_model_info(self.args, src.parameter_count, files.file_type, files.metadata)
+        self.tokenizer = files.tokenizer
+        self.chat_template = files.chat_template
+        self.block_size = settings.block_size
+        self.max_num_seqs = settings.max_num_seqs
+        self.context_length = settings.context_length or self.args.max_position_embeddings
+        n_kv, hd = int(self.args.num_key_value_heads or 0), int(self.args.head_dim or 0)
+        block_bytes = bytes_per_block(self.args.num_hidden_layers, self.block_size, n_kv, hd, self.dtype)
+        self.num_kv_blocks = plan_num_blocks(
+            requested=settings.num_kv_blocks, max_num_seqs=self.max_num_seqs, context_length=self.context_length,
+            block_size=self.block_size, block_bytes=block_bytes, device=self.device,
+            memory_fraction=settings.kv_memory_fraction,
+        )
+        self.kv: PagedKVCache | None = PagedKVCache(self.args.num_hidden_layers, self.num_kv_blocks, self.block_size,
+                                                    n_kv, hd, self.device, self.dtype)
+        log.info("torch runner: %s (%s, %s) on %s/%s, %d KV blocks x %d tokens (%.1f MiB), loaded in %.2fs",
+                 model_path, self.info.architecture, self.info.file_type, self.device, self.dtype,
+                 self.num_kv_blocks, self.block_size, self.num_kv_blocks * block_bytes / 2**20,
+                 time.perf_counter() - t0)
+
+    def _check_ids(self, token_ids: list[int]) -> None:
+        # An out-of-range id would be a device-side assert on CUDA, which poisons the whole context.
+        if token_ids and not (0 <= min(token_ids) and max(token_ids) < self.args.vocab_size):
+            bad = next(t for t in token_ids if not 0 <= t < self.args.vocab_size)
+            raise ValueError(f"token id {bad} outside [0, {self.args.vocab_size})")
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def step(self, batch: Batch) -> np.ndarray:
+        """One forward pass over every token of the step; float32 logits for `batch.logits_rows`."""
+        if self.kv is None:
+            raise RuntimeError("runner is closed")
+        if batch.block_size != self.block_size:
+            raise ValueError(f"batch.block_size={batch.block_size} but the runner's KV uses {self.block_size}")
+        rows = batch.logits_rows
+        if batch.num_tokens == 0:
+            return np.zeros((0, self.args.vocab_size), dtype=np.float32)
+        check_batch(batch, self.num_kv_blocks)
+        self._check_ids(batch.token_ids)
+        meta = build_step_attention(batch, self.device)
+        h = self.model.hidden(self._tensor(batch.token_ids), self._tensor(batch.positions), meta, self.kv)
+        if not rows:
+            return np.zeros((0, self.args.vocab_size), dtype=np.float32)
+        logits = self.model.logits(h[self._tensor(rows)])
+        return logits.float().cpu().numpy()
+
+    @torch.inference_mode()
+    def embed(self, token_ids: list[int]) -> np.ndarray:
+        """Final normed hidden states [n, hidden] of one causal pass; the KV cache is not touched."""
+        if not token_ids:
+            return np.zeros((0, self.args.hidden_size), dtype=np.float32)
+        self._check_ids(token_ids)
+        ids = self._tensor(token_ids)
+        h = self.model.hidden(ids, torch.arange(len(token_ids), device=self.device), dense_causal(len(token_ids)), None)
+        return self.model.norm(h).float().cpu().numpy()
+
+    def free(self, slot: int) -> None:
+        """Nothing to do: KV lives in blocks the engine frees; stale block contents are overwritten on reuse."""
+
+    def close(self) -> None:
+        if self.kv is not None:
+            self.kv.close()
+        self.kv = None
+        self.model = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def load(model_path: str, settings: RunnerSettings) -> TorchRunner:
+    """Load a GGUF file or an HF directory onto torch."""
+    return TorchRunner(model_path, settings)

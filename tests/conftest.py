@@ -1,0 +1,52 @@
+"""Shared fixtures: synthetic models (cached per test session) and the optional shared fixtures folder."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+_CREATED_CACHE: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # CI starts clean: models and tokenizers are built once per session unless the caller chose a cache.
+    global _CREATED_CACHE
+    if not os.environ.get("EVENFLOW_SYNTHETIC_CACHE"):
+        _CREATED_CACHE = tempfile.mkdtemp(prefix="evenflow-synthetic-")
+        os.environ["EVENFLOW_SYNTHETIC_CACHE"] = _CREATED_CACHE
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _CREATED_CACHE is not None:
+        shutil.rmtree(_CREATED_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def synthetic_model() -> Callable[..., dict[str, Path]]:
+    """Factory: synthetic_model(preset="tiny", arch="llama", formats=("hf","gguf"), gguf_dtype="f32", **overrides)."""
+    from evenflow.backends.synthetic import cached_model, make_spec
+
+    def make(preset: str = "tiny", arch: str = "llama", formats: tuple[str, ...] = ("hf", "gguf"),
+             gguf_dtype: str = "f32", **overrides: Any) -> dict[str, Path]:
+        return cached_model(make_spec(preset, architecture=arch, **overrides), formats, gguf_dtype)
+
+    return make
+
+
+def shared_fixtures_path() -> Path:
+    """EVENFLOW_FIXTURES, else ../shared/fixtures next to the repository."""
+    env = os.environ.get("EVENFLOW_FIXTURES")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    """The shared fixtures folder (real vocabs, chat templates); skips where a clone has none."""
+    path = shared_fixtures_path()
+    if not path.is_dir():
+        pytest.skip(f"shared fixtures not found at {path} (set EVENFLOW_FIXTURES to the folder)")
+    return path

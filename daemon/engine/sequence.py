@@ -130,7 +130,13 @@ class Sequence:
         return self.prompt_ids[i] if i < n else self.output_ids[i - n]
 
     def tokens(self, start: int, end: int) -> list[int]:
-        return (self.prompt_ids + self.output_ids)[start:end] if end > len(self.prompt_ids) else self.prompt_ids[start:end]
+        """Known tokens [start, end) without concatenating the whole history (this runs every step)."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n:end - n]
+        return self.prompt_ids[start:] + self.output_ids[:end - n]
 
     @property
     def num_uncomputed(self) -> int:

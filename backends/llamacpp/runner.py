@@ -1,0 +1,249 @@
+"""llama.cpp runner: each engine step is ONE `llama_decode` over the flattened mixed batch.
+
+Decodes and prompt chunks of up to `max_num_seqs` sequences share one unified KV cache; a sequence's
+slot is its llama.cpp `seq_id`. The batch arrays are numpy buffers we own (filled with vectorised
+slices each step), and `llama_batch` is a struct pointing into them, so a step costs a handful of
+ctypes calls however many tokens it carries.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+
+import numpy as np
+import llama_cpp.llama_cpp as L
+
+from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
+from . import amx
+from .embedder import Embedder
+from .gguf_info import GGUFHeader, kv_bytes_per_token, model_info, read_header
+from .native import ensure_backend, physical_cores, take_recent_errors
+from .tokenizer import LlamaCppTokenizer
+
+log = logging.getLogger(__name__)
+
+# settings.dtype picks the KV-cache element type here (weights keep the GGUF's own types)
+_KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30}  # GGML_TYPE_F16 / F32 / BF16
+KV_RAM_FRACTION = 0.25  # default KV budget when the engine gives none: a quarter of physical RAM
+MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
+
+
+def load(model_path: str, settings: RunnerSettings) -> "LlamaCppRunner":
+    """Load a GGUF file with llama.cpp; raises ModelLoadError naming the file and the reason."""
+    return LlamaCppRunner(str(model_path), settings)
+
+
+def _physical_ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def plan_kv_tokens(settings: RunnerSettings, ctx_len: int, bytes_per_token: int) -> int:
+    """n_ctx for the unified cache: the engine's block budget, else max_num_seqs full windows capped by RAM."""
+    bs = settings.block_size
+    if settings.num_kv_blocks is not None:
+        if settings.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {settings.num_kv_blocks}")
+        return settings.num_kv_blocks * bs
+    want = settings.max_num_seqs * ctx_len
+    cap = int(_physical_ram() * KV_RAM_FRACTION) // max(bytes_per_token, 1)
+    tokens = max(min(want, cap), min(ctx_len, MIN_KV_TOKENS))  # a long chat fits even when RAM is short
+    if tokens < want:
+        log.info("KV cache capped at %d tokens (%d seqs x %d wanted) by the RAM budget", tokens, settings.max_num_seqs,
+                 ctx_len)
+    return max(bs, tokens // bs * bs)
+
+
+class LlamaCppRunner:
+    """A GGUF model on llama.cpp with one generation context (unified KV, `max_num_seqs` sequences)."""
+
+    backend = "llamacpp"
+
+    def __init__(self, model_path: str, settings: RunnerSettings):
+        if settings.max_num_seqs < 1 or settings.max_num_seqs > L.llama_max_parallel_sequences():
+            raise ValueError(
+                f"max_num_seqs={settings.max_num_seqs} outside [1, {L.llama_max_parallel_sequences()}] for llama.cpp"
+            )
+        if settings.dtype not in _KV_TYPES:
+            raise ValueError(f"dtype={settings.dtype!r} not supported by llama.cpp; allowed: {', '.join(_KV_TYPES)}")
+        self.path = model_path
+        self.block_size = settings.block_size
+        self.max_num_seqs = settings.max_num_seqs
+        self._model = self._ctx = None
+        self._embedder: Embedder | None = None
+        header = read_header(model_path)  # ModelLoadError on a bad/truncated file, before llama.cpp sees it
+        ensure_backend()
+        self.n_threads = settings.num_threads or physical_cores()
+        self.extra_bufts = amx.extra_bufts_enabled()
+        self._model = self._load_model(settings)
+        try:
+            self._setup(header, settings)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load_model(self, settings: RunnerSettings):
+        mp = L.llama_model_default_params()
+        mp.load_mode = L.LLAMA_LOAD_MODE_MMAP
+        mp.use_extra_bufts = self.extra_bufts
+        if settings.device == "cpu":
+            mp.n_gpu_layers = 0
+        model = L.llama_model_load_from_file(self.path.encode(), mp)
+        if not model:
+            reason = take_recent_errors() or "unsupported architecture or tensor layout"
+            raise ModelLoadError(f"{self.path}: llama.cpp could not load the model: {reason}")
+        return model
+
+    def _setup(self, header: GGUFHeader, settings: RunnerSettings) -> None:
+        vocab = L.llama_model_get_vocab(self._model)
+        self.tokenizer = LlamaCppTokenizer(vocab)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.info: ModelInfo = model_info(header, self.vocab_size, int(L.llama_model_n_params(self._model)))
+        tmpl = header.metadata.get("tokenizer.chat_template")
+        self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
+        # per-sequence window: num_ctx when given (even above the trained one, as Ollama allows), else trained
+        self.context_length = settings.context_length or self.info.context_length
+        elem = 4 if settings.dtype == "float32" else 2
+        n_ctx = plan_kv_tokens(settings, self.context_length, kv_bytes_per_token(self.info, header, elem))
+        self._ctx = self._new_context(n_ctx, settings)
+        # llama.cpp may pad n_ctx; the scheduler must never count more than the cache really holds
+        self.n_ctx = int(L.llama_n_ctx(self._ctx))
+        self.num_kv_blocks = self.n_ctx // self.block_size
+        self._mem = L.llama_get_memory(self._ctx)
+        # llama.cpp clamps n_batch to n_ctx: a step can never carry more tokens than that
+        self._alloc_batch(int(L.llama_n_batch(self._ctx)))
+        self.max_batch_tokens = self._cap
+        self.last_decode_s = 0.0  # wall time of the last llama_decode (benchmarks: overhead = step - decode)
+        log.info(
+            "llama.cpp loaded %s: %s %s, n_ctx=%d (%d blocks), seqs=%d, n_batch=%d, threads=%d, extra_bufts=%s",
+            self.path, self.info.architecture, self.info.file_type, self.n_ctx, self.num_kv_blocks,
+            self.max_num_seqs, self.max_batch_tokens, self.n_threads, self.extra_bufts,
+        )
+
+    def _new_context(self, n_ctx: int, settings: RunnerSettings):
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = cp.n_ubatch = max(settings.max_num_batched_tokens, 1)  # one ubatch per step
+        cp.n_seq_max = settings.max_num_seqs
+        cp.n_outputs_max = settings.max_num_seqs  # at most one logits row per sequence per step
+        cp.kv_unified = True
+        cp.n_threads = cp.n_threads_batch = self.n_threads
+        cp.no_perf = True
+        cp.type_k = cp.type_v = _KV_TYPES[settings.dtype]
+        ctx = L.llama_init_from_model(self._model, cp)
+        if not ctx:
+            raise ModelLoadError(
+                f"{self.path}: could not create a llama.cpp context (n_ctx={n_ctx}, n_batch={cp.n_batch}, "
+                f"seqs={cp.n_seq_max}): {take_recent_errors() or 'out of memory?'}"
+            )
+        return ctx
+
+    def _alloc_batch(self, cap: int) -> None:
+        """Numpy-owned token/pos/seq/output arrays and a llama_batch struct pointing into them."""
+        i32 = ctypes.POINTER(ctypes.c_int32)
+        self._cap = cap
+        self._tok = np.zeros(cap, dtype=np.int32)
+        self._pos = np.zeros(cap, dtype=np.int32)
+        self._nseq = np.ones(cap, dtype=np.int32)
+        self._seq = np.zeros(cap, dtype=np.int32)
+        self._out = np.zeros(cap, dtype=np.int8)
+        # seq_id is int32**: row i points at _seq[i] (one sequence per token)
+        self._seq_ptrs = (self._seq.ctypes.data + 4 * np.arange(cap, dtype=np.uint64)).astype(np.uintp)
+        b = L.llama_batch()
+        b.n_tokens = 0
+        b.token = self._tok.ctypes.data_as(i32)
+        b.embd = None
+        b.pos = self._pos.ctypes.data_as(i32)
+        b.n_seq_id = self._nseq.ctypes.data_as(i32)
+        b.seq_id = self._seq_ptrs.ctypes.data_as(ctypes.POINTER(i32))
+        b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._cbatch = b
+
+    def step(self, batch: Batch) -> np.ndarray:
+        """One llama_decode over every span; float32 logits [len(batch.logits_rows), vocab] in span order."""
+        n = len(batch.token_ids)
+        if n == 0:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        if n > self._cap:
+            raise ValueError(f"batch of {n} tokens exceeds the llama.cpp batch size {self._cap} "
+                             f"(n_ctx={self.n_ctx})")
+        if self._ctx is None:
+            raise RuntimeError("runner is closed")
+        self._tok[:n] = batch.token_ids
+        self._pos[:n] = batch.positions
+        out, seq = self._out, self._seq
+        out[:n] = 0
+        rows: list[int] = []
+        for s in batch.spans:
+            if not 0 <= s.slot < self.max_num_seqs:
+                raise ValueError(f"slot {s.slot} outside [0, {self.max_num_seqs})")
+            seq[s.start : s.start + s.length] = s.slot
+            if s.start_pos == 0:  # a fresh sequence: drop anything a previous user of the slot left
+                L.llama_memory_seq_rm(self._mem, s.slot, -1, -1)
+            if s.need_logits:
+                rows.append(s.start + s.length - 1)
+        if rows:
+            out[rows] = 1
+        self._cbatch.n_tokens = n
+        t0 = time.perf_counter()
+        rc = L.llama_decode(self._ctx, self._cbatch)
+        self.last_decode_s = time.perf_counter() - t0
+        if rc != 0:
+            self._raise_decode_error(rc, batch)
+        k = len(rows)
+        if k == 0:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        # llama_get_logits returns the output rows in batch order (llama.cpp reorders them for us)
+        logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(k, self.vocab_size))
+        if k > 1 and any(rows[j] > rows[j + 1] for j in range(k - 1)):  # spans not in flattened order
+            result = np.empty((k, self.vocab_size), dtype=np.float32)
+            result[np.argsort(rows, kind="stable")] = logits
+            return result
+        return np.array(logits, dtype=np.float32, copy=True)  # the one copy: the output buffer is reused
+
+    def _raise_decode_error(self, rc: int, batch: Batch) -> None:
+        detail = take_recent_errors()
+        if rc == 1:
+            raise RuntimeError(
+                f"llama_decode: no KV slot for a batch of {batch.num_tokens} tokens "
+                f"(KV cache of {self.n_ctx} tokens is full){': ' + detail if detail else ''}"
+            )
+        if rc == 2:
+            raise RuntimeError("llama_decode was aborted")
+        raise RuntimeError(f"llama_decode failed with code {rc}{': ' + detail if detail else ''}")
+
+    def free(self, slot: int) -> None:
+        """Forget the KV of a slot (finish, abort, preempt)."""
+        if not 0 <= slot < self.max_num_seqs:
+            raise ValueError(f"slot {slot} outside [0, {self.max_num_seqs})")
+        if self._ctx is not None:
+            L.llama_memory_seq_rm(self._mem, slot, -1, -1)
+
+    def cached_tokens(self, slot: int) -> int:
+        """How many positions of `slot` llama.cpp holds in its KV cache (0 when empty)."""
+        return int(L.llama_memory_seq_pos_max(self._mem, slot)) + 1
+
+    def embed(self, token_ids: list[int]) -> np.ndarray:
+        """Final-norm hidden states [n, hidden] from a separate embeddings context."""
+        if self._model is None:
+            raise RuntimeError("runner is closed")
+        if self._embedder is None:
+            n_embd = int(L.llama_model_n_embd(self._model))
+            self._embedder = Embedder(self._model, n_embd, self.context_length, self.n_threads)
+        return self._embedder.embed(token_ids)
+
+    def close(self) -> None:
+        """Free the contexts and the model; idempotent."""
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
+        if self._ctx is not None:
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            L.llama_model_free(self._model)
+            self._model = None

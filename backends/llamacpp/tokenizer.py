@@ -1,0 +1,79 @@
+"""The GGUF's own vocabulary through llama.cpp: `llama_tokenize` / `llama_token_to_piece`."""
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import llama_cpp.llama_cpp as L
+
+log = logging.getLogger(__name__)
+
+
+class LlamaCppTokenizer:
+    """Tokenizer over a loaded model's `llama_vocab` (valid while the model is loaded)."""
+
+    def __init__(self, vocab: ctypes.c_void_p, owned_model: ctypes.c_void_p | None = None):
+        self._vocab = vocab
+        self._owned_model = owned_model  # set by open_vocab: a vocab-only model this tokenizer frees
+        self.vocab_size: int = L.llama_vocab_n_tokens(vocab)
+        bos = L.llama_vocab_bos(vocab)
+        self.bos_id: int | None = bos if bos >= 0 else None
+        self.add_bos: bool = bool(L.llama_vocab_get_add_bos(vocab)) and self.bos_id is not None
+        # every end-of-generation token (EOS, EOT, <|im_end|>, ...): one pass over the vocab at load
+        self.eos_ids: set[int] = {t for t in range(self.vocab_size) if L.llama_vocab_is_eog(vocab, t)}
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to ids; BOS per the vocab's add-BOS rule when `add_special`."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8  # a token covers at least one byte, plus BOS/EOS
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:  # too small after all (cannot happen for byte-level vocabs, but be exact)
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise RuntimeError(f"llama_tokenize failed ({n}) on a text of {len(data)} bytes")
+        return list(buf[:n])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Raw bytes of one token (b"" for control tokens); cached per id."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            if not 0 <= token_id < self.vocab_size:
+                raise ValueError(f"token id {token_id} out of range [0, {self.vocab_size})")
+            n = L.llama_token_to_piece(self._vocab, token_id, self._piece_buf, len(self._piece_buf), 0, False)
+            if n < 0:  # piece longer than the buffer
+                self._piece_buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self._vocab, token_id, self._piece_buf, -n, 0, False)
+            piece = self._piece_buf.raw[:n]
+            self._pieces[token_id] = piece
+        return piece
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Ids to text: the concatenated pieces (what streaming produces), invalid UTF-8 replaced."""
+        return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        """Free the vocab-only model of `open_vocab` (a runner's tokenizer dies with the runner)."""
+        if self._owned_model:
+            L.llama_model_free(self._owned_model)
+            self._owned_model = None
+
+
+def open_vocab(path: str) -> LlamaCppTokenizer:
+    """A standalone tokenizer from a GGUF's vocabulary only (no weights loaded); call close() when done."""
+    from ..base import ModelLoadError
+    from .gguf_info import read_header
+    from .native import ensure_backend, take_recent_errors
+
+    read_header(path)
+    ensure_backend()
+    mp = L.llama_model_default_params()
+    mp.vocab_only = True
+    model = L.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        raise ModelLoadError(f"{path}: llama.cpp could not load its vocabulary: {take_recent_errors()}")
+    return LlamaCppTokenizer(L.llama_model_get_vocab(model), owned_model=model)

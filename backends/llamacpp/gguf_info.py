@@ -104,6 +104,8 @@ class _Cursor:
 
 def read_header(path: str) -> GGUFHeader:
     """Parse and validate a GGUF file; raise ModelLoadError naming the file and the reason."""
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a directory; the llama.cpp backend loads a single GGUF file")
     if not os.path.isfile(path):
         raise ModelLoadError(f"{path}: no such model file")
     size = os.path.getsize(path)

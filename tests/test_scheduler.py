@@ -20,13 +20,14 @@ requests = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(reqs=requests, budget=st.integers(9, 96), chunk=st.one_of(st.none(), st.integers(1, 40)),
        blocks=st.integers(20, 80), block_size=st.sampled_from([1, 4, 16]), max_seqs=st.integers(1, 8),
-       mode=st.sampled_from(["chunked", "monolithic"]))
-def test_scheduler_invariants(reqs, budget, chunk, blocks, block_size, max_seqs, mode):
+       mode=st.sampled_from(["chunked", "monolithic"]), hard=st.one_of(st.none(), st.integers(10, 50)))
+def test_scheduler_invariants(reqs, budget, chunk, blocks, block_size, max_seqs, mode, hard):
     """No step exceeds the budget; every running decode gets one token per step unless preempted;
     every sequence finishes; afterwards every block and slot is free."""
     budget = max(budget, max_seqs + 1)
     bm = BlockManager(max(blocks, (61 + 25) // block_size + 2), block_size)
-    sched = Scheduler(SchedulerConfig(mode, max_seqs, chunk), bm, FixedBudget(budget))
+    hard = None if hard is None else max(hard, max_seqs + 1)
+    sched = Scheduler(SchedulerConfig(mode, max_seqs, chunk, hard), bm, FixedBudget(budget))
     rng = random.Random(0)
     pending = sorted(reqs, key=lambda r: r[0])
     seqs: list[tuple[Sequence, int, int | None]] = []
@@ -44,6 +45,8 @@ def test_scheduler_invariants(reqs, budget, chunk, blocks, block_size, max_seqs,
         plan = sched.schedule()
         ids = [s.seq.seq_id for s in plan.spans]
         assert len(ids) == len(set(ids)), "a sequence appears twice in one step"
+        if hard is not None:
+            assert plan.num_tokens <= hard, "a step exceeded the backend's per-forward limit"
         if mode == "chunked":
             assert plan.num_tokens <= budget
             if chunk is not None:

@@ -54,6 +54,7 @@ class SchedulerConfig:
     prefill_mode: str = "chunked"  # chunked | monolithic
     max_num_seqs: int = 8
     max_prefill_chunk: int | None = None  # cap on one sequence's chunk per step (None = the budget)
+    max_step_tokens: int | None = None  # the backend's hard limit on one forward pass (llama.cpp n_batch)
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("chunked", "monolithic"):
@@ -100,13 +101,14 @@ class Scheduler:
         if nxt is None and self.waiting:
             nxt = self.waiting[0]
         allowance = self.policy.prefill_budget(plan.num_decodes, decode_context, nxt.num_computed) if nxt else 0
+        hard_left = (self.config.max_step_tokens - plan.num_decodes) if self.config.max_step_tokens else None
         plan.budget = plan.num_decodes + allowance
         monolithic = self.config.prefill_mode == "monolithic"
         # 2. Partial prefills (and recomputes) of running sequences, FCFS.
         for seq in list(self.running):
             if seq.seq_id in scheduled or seq.status is not Status.RUNNING:
                 continue
-            chunk = self._chunk(seq, allowance, monolithic, first=not plan.prefill_tokens)
+            chunk = self._cap(self._chunk(seq, allowance, monolithic, first=not plan.prefill_tokens), hard_left, plan)
             if chunk <= 0:
                 continue
             n = chunk if monolithic else min(chunk, self.blocks.max_new_tokens(seq))
@@ -119,7 +121,7 @@ class Scheduler:
         # 3. Admissions, FCFS, while slots, blocks and budget allow; none in a step that preempted.
         while self.waiting and not plan.preempted and self.slots.num_free:
             seq = self.waiting[0]
-            n = self._chunk(seq, allowance, monolithic, first=not plan.prefill_tokens)
+            n = self._cap(self._chunk(seq, allowance, monolithic, first=not plan.prefill_tokens), hard_left, plan)
             if n <= 0 or not self.blocks.can_allocate(seq, n):
                 break
             self.waiting.popleft()
@@ -137,6 +139,11 @@ class Scheduler:
             return left if first or left <= allowance else 0
         cap = self.config.max_prefill_chunk or left
         return min(left, allowance, cap)
+
+    @staticmethod
+    def _cap(n: int, hard_left: int | None, plan: StepPlan) -> int:
+        """Never exceed the backend's per-forward limit (a monolithic prompt beyond it is split there)."""
+        return n if hard_left is None else min(n, hard_left - plan.prefill_tokens)
 
     def _add_prefill(self, plan: StepPlan, seq: Sequence, n: int, scheduled: set[int]) -> None:
         self.blocks.allocate(seq, n)

@@ -195,8 +195,9 @@ async def run_stall(url: str, protocol: str = "ollama-generate", model: str | No
                     ignore_eos: bool | None = None, allow_remote: bool = False, duration: float = DEFAULT_DURATION_S,
                     max_requests: int = DEFAULT_MAX_REQUESTS, request_timeout: float = 600.0,
                     slo: dict[str, float] | None = None, progress: ProgressFn | None = None,
-                    label: dict[str, str] | None = None) -> StallResult:
-    """N streams decode; after warmup_s a prompt_len-token prompt arrives; streams stop tail_s after its 1st token."""
+                    label: dict[str, str] | None = None, calibration: Calibration | None = None) -> StallResult:
+    """N streams decode; after warmup_s a prompt_len-token prompt arrives; streams stop tail_s after its 1st token.
+    `calibration` from an earlier run on a server with the same tokenizer skips the probes."""
     if n_streams < 1 or prompt_len < 1 or output_len < 2 or long_output_len < 1:
         raise ValueError(f"need n_streams>=1, prompt_len>=1, output_len>=2, long_output_len>=1; got {n_streams}, "
                          f"{prompt_len}, {output_len}, {long_output_len}")
@@ -215,7 +216,8 @@ async def run_stall(url: str, protocol: str = "ollama-generate", model: str | No
 
         async def setup() -> tuple[str, Calibration]:
             m = model or await detect_model(client, protocol)
-            c = await calibrate(client, protocol, m, prompt_len, long_seed, seed)
+            c = calibration if calibration is not None and calibration.target_tokens == prompt_len \
+                else await calibrate(client, protocol, m, prompt_len, long_seed, seed)
             await warm_up(client, protocol, m, n_streams + 1, seed)
             return m, c
 

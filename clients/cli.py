@@ -1,0 +1,250 @@
+"""The `evenflow` console script: `serve` (every setting a flag), and list/ps/show/rm/cp/run/stop over HTTP."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+from ..daemon.config import SETTINGS, ConfigError, load_settings, parse_host
+
+
+def _base_url() -> str:
+    raw = os.environ.get("EVENFLOW_HOST") or os.environ.get("OLLAMA_HOST") or ""
+    hp = parse_host(raw) if raw.strip() else parse_host("127.0.0.1:11434")
+    host = "127.0.0.1" if hp.host in ("0.0.0.0", "::") else hp.host
+    return f"{hp.scheme}://{'[' + host + ']' if ':' in host else host}:{hp.port}"
+
+
+class CLIError(Exception):
+    pass
+
+
+def _client() -> httpx.Client:
+    return httpx.Client(base_url=_base_url(), timeout=httpx.Timeout(None, connect=5.0))
+
+
+def _check(r: httpx.Response) -> httpx.Response:
+    if r.status_code >= 400:
+        try:
+            msg = r.json().get("error", r.text)
+        except (ValueError, AttributeError):
+            msg = r.text
+        raise CLIError(f"Error: {msg}")
+    return r
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _parse_time(ts: str) -> datetime:
+    """RFC3339 with any number of fractional digits (Go writes 9) -> aware datetime."""
+    return datetime.fromisoformat(re.sub(r"\.\d+", "", ts).replace("Z", "+00:00"))
+
+
+def _ago(ts: str) -> str:
+    try:
+        dt = _parse_time(ts)
+    except ValueError:
+        return ts
+    secs = (datetime.now(timezone.utc) - dt).total_seconds()
+    for unit, n in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if abs(secs) >= n:
+            v = int(abs(secs) // n)
+            return f"{v} {unit}{'s' if v != 1 else ''} {'ago' if secs > 0 else 'from now'}"
+    return "less than a minute ago" if secs > 0 else "less than a minute from now"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def cmd_list(args: argparse.Namespace) -> None:
+    with _client() as c:
+        models = _check(c.get("/api/tags")).json()["models"]
+    rows = [["NAME", "ID", "SIZE", "MODIFIED"]]
+    rows += [[m["name"], m["digest"][:12], _size(m["size"]), _ago(m["modified_at"])] for m in models]
+    print(_table(rows))
+
+
+def cmd_ps(args: argparse.Namespace) -> None:
+    with _client() as c:
+        models = _check(c.get("/api/ps")).json()["models"]
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
+    for m in models:
+        vram, size = m.get("size_vram", 0), m.get("size", 0)
+        proc = "100% GPU" if size and vram == size else "100% CPU" if vram == 0 else f"{vram * 100 // size}% GPU"
+        try:
+            far = _parse_time(m["expires_at"]).year > datetime.now().year + 20
+        except ValueError:
+            far = False
+        until = "Forever" if far else _ago(m["expires_at"])
+        rows.append([m["name"], m["digest"][:12], _size(size), proc, str(m.get("context_length", "")), until])
+    print(_table(rows))
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    with _client() as c:
+        info = _check(c.post("/api/show", json={"model": args.model})).json()
+    for part in ("modelfile", "template", "system", "license", "parameters"):
+        if getattr(args, part):
+            print(info.get(part, ""))
+            return
+    d = info.get("details", {})
+    print("  Model")
+    for k, v in (("architecture", d.get("family")), ("parameters", d.get("parameter_size")),
+                 ("context length", info.get("model_info", {}).get(f"{d.get('family')}.context_length")),
+                 ("quantization", d.get("quantization_level"))):
+        print(f"    {k:<20}{v}")
+    if info.get("capabilities"):
+        print("\n  Capabilities")
+        for cap in info["capabilities"]:
+            print(f"    {cap}")
+    if info.get("parameters"):
+        print("\n  Parameters")
+        for line in info["parameters"].splitlines():
+            print(f"    {line}")
+
+
+def cmd_rm(args: argparse.Namespace) -> None:
+    with _client() as c:
+        for name in args.models:
+            c.post("/api/generate", json={"model": name, "keep_alive": 0, "stream": False})  # unload first
+            _check(c.request("DELETE", "/api/delete", json={"model": name}))
+            print(f"deleted '{name}'")
+
+
+def cmd_cp(args: argparse.Namespace) -> None:
+    with _client() as c:
+        _check(c.post("/api/copy", json={"source": args.source, "destination": args.destination}))
+    print(f"copied '{args.source}' to '{args.destination}'")
+
+
+def cmd_stop(args: argparse.Namespace) -> None:
+    with _client() as c:
+        _check(c.post("/api/generate", json={"model": args.model, "keep_alive": 0, "stream": False}))
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    prompt = " ".join(args.prompt) if args.prompt else (sys.stdin.read() if not sys.stdin.isatty() else "")
+    if not prompt:
+        raise CLIError("Error: give a prompt: evenflow run MODEL PROMPT (interactive chat lives in the TUI)")
+    body: dict[str, Any] = {"model": args.model, "prompt": prompt, "stream": True}
+    if args.keepalive is not None:
+        body["keep_alive"] = args.keepalive
+    with _client() as c, c.stream("POST", "/api/generate", json=body) as r:
+        if r.status_code >= 400:
+            r.read()
+            _check(r)
+        final: dict[str, Any] = {}
+        for line in r.iter_lines():
+            if not line:
+                continue
+            part = json.loads(line)
+            if part.get("error"):
+                raise CLIError(f"Error: {part['error']}")
+            sys.stdout.write(part.get("response", ""))
+            sys.stdout.flush()
+            if part.get("done"):
+                final = part
+        print()
+    if args.verbose and final:
+        ev, evd = final.get("eval_count", 0), final.get("eval_duration", 0) or 1
+        pe, ped = final.get("prompt_eval_count", 0), final.get("prompt_eval_duration", 0) or 1
+        print(f"total duration:       {final.get('total_duration', 0) / 1e9:.3f}s\n"
+              f"load duration:        {final.get('load_duration', 0) / 1e9:.3f}s\n"
+              f"prompt eval count:    {pe} token(s)\nprompt eval rate:     {pe / ped * 1e9:.2f} tokens/s\n"
+              f"eval count:           {ev} token(s)\neval rate:            {ev / evd * 1e9:.2f} tokens/s",
+              file=sys.stderr)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from ..daemon.server import ServeError, serve  # noqa: PLC0415 - keeps the client commands light
+
+    overrides = {}
+    for spec in SETTINGS:
+        v = getattr(args, spec.name)
+        if v is not None and v is not False:
+            overrides[spec.name] = "1" if v is True else v
+    settings = load_settings(overrides=overrides)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        serve(settings, log_level="debug" if args.debug else "info")
+    except ServeError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="evenflow", description="Local LLM inference daemon (Ollama-compatible)")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="start the daemon",
+                       description="Start the daemon. Every flag has an environment variable (shown in brackets); "
+                                   "the flag wins, then the EVENFLOW_ variable, then the OLLAMA_ one.")
+    for spec in SETTINGS:
+        flag = "--" + spec.name.replace("_", "-")
+        h = f"{spec.help} [{' / '.join(spec.envs)}; {spec.accepts}]"
+        if spec.is_flag:
+            s.add_argument(flag, action="store_true", default=False, help=h)
+        else:
+            s.add_argument(flag, default=None, metavar="VALUE", help=h)
+    s.add_argument("--debug", action="store_true", help="debug logging")
+    s.set_defaults(func=cmd_serve)
+    sub.add_parser("list", aliases=["ls"], help="list models").set_defaults(func=cmd_list)
+    sub.add_parser("ps", help="list loaded models").set_defaults(func=cmd_ps)
+    sh = sub.add_parser("show", help="show a model")
+    sh.add_argument("model")
+    for part in ("modelfile", "template", "system", "license", "parameters"):
+        sh.add_argument(f"--{part}", action="store_true", help=f"print only the {part}")
+    sh.set_defaults(func=cmd_show)
+    rm = sub.add_parser("rm", help="delete models")
+    rm.add_argument("models", nargs="+")
+    rm.set_defaults(func=cmd_rm)
+    cp = sub.add_parser("cp", help="copy a model")
+    cp.add_argument("source")
+    cp.add_argument("destination")
+    cp.set_defaults(func=cmd_cp)
+    run = sub.add_parser("run", help="stream a generation for PROMPT")
+    run.add_argument("model")
+    run.add_argument("prompt", nargs="*")
+    run.add_argument("--keepalive", default=None, help="keep_alive for this request (e.g. 5m, 0)")
+    run.add_argument("--verbose", action="store_true", help="print timings")
+    run.set_defaults(func=cmd_run)
+    st = sub.add_parser("stop", help="unload a model")
+    st.add_argument("model")
+    st.set_defaults(func=cmd_stop)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ConfigError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except CLIError as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(1)
+    except httpx.ConnectError:
+        print(f"Error: could not connect to evenflow at {_base_url()}; is `evenflow serve` running?", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

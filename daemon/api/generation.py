@@ -1,0 +1,223 @@
+"""What /api/generate, /api/chat and the /v1 endpoints share: options, tokenisation, the engine stream with
+abort on disconnect, Ollama's final metrics, and embedding pooling."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator
+
+import numpy as np
+from fastapi import Request
+
+from ..config import keep_alive_seconds
+from ..engine.params import InvalidParams, SamplingParams
+from ..models import Lease, LoadedModel
+from .errors import SERVER_BUSY, APIError
+
+log = logging.getLogger(__name__)
+
+
+def now_rfc3339() -> str:
+    """Go's RFC3339Nano in UTC (9 fractional digits are fine for every client; we give 6)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def rfc3339(ts: float) -> str:
+    if ts == float("inf") or ts > 4e10:
+        ts = 4e10  # "forever": far in the future (year 3237), still a valid timestamp
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def parse_keep_alive(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return keep_alive_seconds(value)
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+
+
+def requested_num_ctx(options: dict[str, Any] | None) -> int | None:
+    """`options.num_ctx` validated (a positive integer) or None."""
+    if not options or options.get("num_ctx") is None:
+        return None
+    v = options["num_ctx"]
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise APIError(400, f"option 'num_ctx' must be a positive integer, got {v!r}")
+    return v
+
+
+def sampling_params(options: dict[str, Any] | None, defaults: dict[str, Any] | None = None,
+                    **overrides: Any) -> SamplingParams:
+    """Ollama's precedence (built-in < model PARAMETERs < request options < explicit overrides); 400 on bad values."""
+    if options is not None and not isinstance(options, dict):
+        raise APIError(400, f"options must be an object, got {type(options).__name__}")
+    merged = dict(options or {})
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return SamplingParams.from_options(merged, defaults)
+    except InvalidParams as e:
+        raise APIError(400, str(e)) from None
+    except TypeError as e:
+        raise APIError(400, f"invalid options: {e}") from None
+
+
+def check_num_ctx(model: LoadedModel, num_ctx: int | None) -> int:
+    """The window this request gets; 400 when it asks for more than the model was trained on."""
+    if num_ctx is None:
+        return model.context_length
+    if num_ctx > model.trained_context:
+        raise APIError(400, f"num_ctx {num_ctx} exceeds the context length of model '{model.name}' "
+                            f"({model.trained_context} tokens); use num_ctx <= {model.trained_context}")
+    return min(num_ctx, model.context_length)
+
+
+def fit_to_context(prompt_ids: list[int], params: SamplingParams, ctx: int, model: LoadedModel) -> None:
+    """400 for a prompt that does not fit; caps num_predict when this request's num_ctx is below the window."""
+    n = len(prompt_ids)
+    if n >= ctx:
+        raise APIError(400, f"the prompt is {n} tokens but the context length of model '{model.name}' is {ctx} "
+                            f"tokens (it must leave room for at least one generated token); shorten the prompt "
+                            f"or raise num_ctx (up to {model.trained_context})")
+    if ctx < model.context_length:
+        room = ctx - n
+        params.num_predict = room if params.num_predict < 0 else min(params.num_predict, room)
+
+
+@dataclass
+class Generation:
+    """The collected result of one engine sequence."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    done_reason: str | None = None
+    metrics: dict[str, int] = field(default_factory=dict)
+
+
+async def _watch_disconnect(request: Request, on_gone) -> None:
+    """Waits for the client to go away (http.disconnect) and calls `on_gone` once."""
+    try:
+        while True:
+            msg = await request.receive()
+            if msg.get("type") == "http.disconnect":
+                on_gone()
+                return
+    except (asyncio.CancelledError, RuntimeError):
+        return
+
+
+async def engine_stream(request: Request, lease: Lease, prompt_ids: list[int], params: SamplingParams,
+                        user: dict[str, Any], t_start: int) -> AsyncIterator[tuple[str, list[int], dict | None]]:
+    """Yield (text, token_ids, final) from the engine; `final` (Ollama metrics + done_reason) on the last item.
+
+    Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses. The sequence is
+    aborted (its KV freed at the next engine step) when the consumer stops early or the client disconnects.
+    """
+    from ..engine.engine import EngineStopped, PromptTooLong, QueueFull  # noqa: PLC0415
+
+    engine = lease.model.engine
+    try:
+        stream = engine.submit(prompt_ids, params, user=user)
+    except PromptTooLong as e:
+        raise APIError(400, str(e)) from None
+    except QueueFull:
+        raise APIError(503, SERVER_BUSY) from None
+    except EngineStopped:
+        raise APIError(503, "the model is being unloaded or the server is shutting down; retry") from None
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+    return _iterate(request, engine, stream, lease, t_start)
+
+
+async def _iterate(request: Request, engine: Any, stream: Any, lease: Lease,
+                   t_start: int) -> AsyncIterator[tuple[str, list[int], dict | None]]:
+    finished = False
+    watcher = asyncio.create_task(_watch_disconnect(request, lambda: engine.abort(stream.seq_id)))
+    try:
+        async for d in stream:
+            if d.done:
+                finished = True
+                if d.done_reason == "error":
+                    raise APIError(500, d.error or "generation failed")
+                if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
+                    raise APIError(503, "the request was aborted: the server is shutting down or the model "
+                                        "was unloaded; retry")
+                m = d.metrics.as_ollama() if d.metrics is not None else {}
+                m["load_duration"] = lease.load_duration_ns
+                m["total_duration"] = time.perf_counter_ns() - t_start
+                yield d.text, list(d.token_ids), {"done_reason": d.done_reason or "stop", **m}
+                return
+            yield d.text, list(d.token_ids), None
+    finally:
+        watcher.cancel()
+        if not finished:
+            engine.abort(stream.seq_id)  # consumer gone (disconnect, error): free the slot and its KV
+
+
+async def collect(chunks: AsyncIterator[tuple[str, list[int], dict | None]]) -> Generation:
+    g = Generation()
+    parts: list[str] = []
+    async for text, ids, final in chunks:
+        parts.append(text)
+        g.token_ids.extend(ids)
+        if final is not None:
+            g.done_reason = final.pop("done_reason")
+            g.metrics = final
+    g.text = "".join(parts)
+    return g
+
+
+def encode(model: LoadedModel, text: str, *, add_special: bool = True) -> list[int]:
+    """Tokenise with the model's tokenizer; BOS is added unless the rendered text already carries it."""
+    return list(model.runner.tokenizer.encode(text, add_special=add_special, parse_special=True))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Embeddings
+
+POOL_NONE, POOL_MEAN, POOL_CLS, POOL_LAST = 0, 1, 2, 3
+
+
+def pooling_type(model: LoadedModel) -> int:
+    """The GGUF `<arch>.pooling_type` when the model declares one; mean pooling for decoder LLMs otherwise."""
+    meta = model.runner.info.metadata or {}
+    arch = model.runner.info.architecture
+    v = meta.get(f"{arch}.pooling_type")
+    try:
+        v = int(v) if v is not None else POOL_MEAN
+    except (TypeError, ValueError):
+        v = POOL_MEAN
+    return v if v in (POOL_MEAN, POOL_CLS, POOL_LAST) else POOL_MEAN
+
+
+async def embed_text(lease: Lease, text: str, *, truncate: bool) -> tuple[np.ndarray, int]:
+    """One input -> pooled float32 vector and its token count (unnormalised)."""
+    model = lease.model
+    ids = encode(model, text)
+    ctx = model.context_length
+    if len(ids) > ctx:
+        if not truncate:
+            raise APIError(400, "the input length exceeds the context length")
+        ids = ids[:ctx]
+    if not ids:
+        raise APIError(400, "cannot embed an input that tokenises to nothing")
+    try:
+        hidden = await asyncio.wrap_future(model.engine.embed(ids))
+    except NotImplementedError as e:
+        raise APIError(400, f"model '{model.name}' does not support embeddings: {e}") from None
+    h = np.asarray(hidden, dtype=np.float32)
+    kind = pooling_type(model)
+    vec = h[-1] if kind == POOL_LAST else h[0] if kind == POOL_CLS else h.mean(axis=0)
+    return vec.astype(np.float32), len(ids)
+
+
+def normalise(vec: np.ndarray, dimensions: int | None = None) -> list[float]:
+    if dimensions is not None:
+        vec = vec[:dimensions]
+    n = float(np.linalg.norm(vec))
+    return (vec / n if n > 0 else vec).astype(np.float32).tolist()

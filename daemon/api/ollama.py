@@ -1,0 +1,289 @@
+"""Ollama's inference endpoints: /api/generate, /api/chat, /api/embed, /api/embeddings, and the root/version."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from . import prompting
+from .errors import APIError, not_found, parse_body
+from .generation import (check_num_ctx, collect, embed_text, engine_stream, fit_to_context, normalise,
+                         now_rfc3339, parse_keep_alive, requested_num_ctx, sampling_params)
+from .ollama_models import router as models_router
+from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+router.include_router(models_router)
+
+NDJSON = "application/x-ndjson"
+
+
+def _ctx(request: Request) -> Any:
+    return request.app.state.ctx
+
+
+@router.api_route("/", methods=["GET", "HEAD"])
+async def root() -> PlainTextResponse:
+    return PlainTextResponse("Ollama is running")
+
+
+@router.api_route("/api/version", methods=["GET", "HEAD"])
+async def version() -> JSONResponse:
+    from ..server import VERSION  # noqa: PLC0415
+
+    return JSONResponse({"version": VERSION})
+
+
+def check_format(fmt: Any) -> None:
+    """Structured outputs (a JSON grammar) are not implemented: say so rather than ignore the request."""
+    if fmt is None or fmt == "":
+        return
+    if fmt == "json" or isinstance(fmt, dict):
+        raise APIError(400, "structured outputs are not supported yet (format \"json\" or a JSON schema)")
+    raise APIError(400, f"invalid format: {json.dumps(fmt)}; expected \"json\" or a valid JSON Schema object")
+
+
+def _check_common(req: Any) -> None:
+    check_format(req.format)
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+        raise APIError(400, f"top_logprobs must be between 0 and 20, got {req.top_logprobs}")
+    if req.logprobs or req.top_logprobs:
+        raise APIError(400, "logprobs are not supported yet")
+
+
+def ndjson(gen: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    """One JSON object per line; an error after the first byte becomes a final {"error": ...} line."""
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for obj in gen:
+                yield (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+        except APIError as e:
+            yield (json.dumps({"error": e.message}) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type=NDJSON)
+
+
+async def _load_or_unload(request: Request, name: str, keep_alive: float | None, shape: dict[str, Any]) -> JSONResponse:
+    """Empty prompt/messages: load the model (done_reason "load"), or unload it with keep_alive 0."""
+    ctx = _ctx(request)
+    record = ctx.manager.resolve(name)
+    base = {"model": name, "created_at": now_rfc3339(), **shape, "done": True}
+    if keep_alive == 0:
+        await ctx.manager.unload(record.name)
+        return JSONResponse({**base, "done_reason": "unload"})
+    lease = await ctx.manager.acquire(name, keep_alive=keep_alive)
+    lease.release()
+    return JSONResponse({**base, "done_reason": "load"})
+
+
+@router.post("/api/generate")
+async def generate(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    req = await parse_body(request, GenerateRequest)
+    ctx = _ctx(request)
+    if not req.model:
+        raise not_found("")
+    _check_common(req)
+    if req.raw and (req.template or req.system or req.context):
+        raise APIError(400, "raw mode does not support template, system, or context")
+    if req.images:
+        raise APIError(400, f"model '{req.model}' does not support images (no vision models yet)")
+    keep_alive = parse_keep_alive(req.keep_alive)
+    num_ctx = requested_num_ctx(req.options)
+    stream = req.stream is not False
+    if not req.prompt and not req.suffix:
+        return await _load_or_unload(request, req.model, keep_alive, {"response": ""})
+    lease = await ctx.manager.acquire(req.model, keep_alive=keep_alive, num_ctx=num_ctx)
+    try:
+        model = lease.model
+        window = check_num_ctx(model, num_ctx)
+        think = prompting.resolve_think(model, req.think)
+        if req.raw:
+            text, add_special = req.prompt or "", True
+        else:
+            text, add_special = prompting.render_generate(model, req.prompt or "", system=req.system,
+                                                          suffix=req.suffix or "", template=req.template, think=think)
+        prompt_ids = list(req.context or []) + prompting.encode(model, text, add_special=add_special and not req.context)
+        params = sampling_params(req.options, model.record.params)
+        fit_to_context(prompt_ids, params, window, model)
+        user = {"model": model.name, "endpoint": "/api/generate"}
+        if ctx.settings.log_content:
+            user["prompt"] = text
+        chunks = await engine_stream(request, lease, prompt_ids, params, user, t0)
+    except BaseException:
+        lease.release()
+        raise
+    splitter = prompting.ThinkSplitter(think, text) if think else None
+
+    def final_obj(g_ids: list[int], final: dict[str, Any]) -> dict[str, Any]:
+        out = {"model": req.model, "created_at": now_rfc3339(), "response": "", "done": True, **final}
+        if not req.raw:
+            out["context"] = prompt_ids + g_ids
+        return out
+
+    if not stream:
+        try:
+            g = await collect(chunks)
+        finally:
+            lease.release()
+        body = final_obj(g.token_ids, {"done_reason": g.done_reason, **g.metrics})
+        thinking, content = splitter.split_all(g.text) if splitter else ("", g.text)
+        body["response"] = content
+        if thinking:
+            body["thinking"] = thinking
+        return JSONResponse(body)
+
+    async def objs() -> AsyncIterator[dict[str, Any]]:
+        out_ids: list[int] = []
+        try:
+            async for text, ids, final in chunks:
+                out_ids.extend(ids)
+                thinking, content = splitter.feed(text, final is not None) if splitter else ("", text)
+                if content or thinking:
+                    obj = {"model": req.model, "created_at": now_rfc3339(), "response": content, "done": False}
+                    if thinking:
+                        obj["thinking"] = thinking
+                    yield obj
+                if final is not None:
+                    yield final_obj(out_ids, final)
+        finally:
+            lease.release()
+
+    return ndjson(objs())
+
+
+@router.post("/api/chat")
+async def chat(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    req = await parse_body(request, ChatRequest)
+    ctx = _ctx(request)
+    if not req.model:
+        raise APIError(400, "model is required")
+    _check_common(req)
+    keep_alive = parse_keep_alive(req.keep_alive)
+    num_ctx = requested_num_ctx(req.options)
+    stream = req.stream is not False
+    if not req.messages:
+        return await _load_or_unload(request, req.model, keep_alive, {"message": {"role": "assistant", "content": ""}})
+    if any(m.images for m in req.messages):
+        raise APIError(400, f"model '{req.model}' does not support images (no vision models yet)")
+    lease = await ctx.manager.acquire(req.model, keep_alive=keep_alive, num_ctx=num_ctx)
+    try:
+        model = lease.model
+        window = check_num_ctx(model, num_ctx)
+        think = prompting.resolve_think(model, req.think)
+        tools = req.tools or None
+        if tools and not prompting.supports_tools(model):
+            raise APIError(400, f"{prompting.full_name(model)} does not support tools")
+        messages = [m.as_template_dict() for m in req.messages]
+        text, add_special = prompting.render_chat(model, messages, tools=tools, think=think)
+        prompt_ids = prompting.encode(model, text, add_special=add_special)
+        params = sampling_params(req.options, model.record.params)
+        fit_to_context(prompt_ids, params, window, model)
+        user = {"model": model.name, "endpoint": "/api/chat"}
+        if ctx.settings.log_content:
+            user["prompt"] = text
+        chunks = await engine_stream(request, lease, prompt_ids, params, user, t0)
+    except BaseException:
+        lease.release()
+        raise
+    splitter = prompting.ThinkSplitter(think, text) if think else None
+    tool_parser = prompting.ToolCallStream(prompting.template_of(model)) if tools else None
+
+    def chunk(content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if thinking:
+            msg["thinking"] = thinking
+        if tool_calls:
+            msg["tool_calls"] = tool_calls
+        return {"model": req.model, "created_at": now_rfc3339(), "message": msg, "done": False}
+
+    if not stream:
+        try:
+            g = await collect(chunks)
+        finally:
+            lease.release()
+        thinking, content = splitter.split_all(g.text) if splitter else ("", g.text)
+        calls: list = []
+        if tool_parser:
+            content, calls = tool_parser.parse_all(content)
+        body = chunk(content, thinking, calls)
+        body.update(done=True, done_reason=g.done_reason, **g.metrics)
+        return JSONResponse(body)
+
+    async def objs() -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for text, _ids, final in chunks:
+                thinking, content = splitter.feed(text, final is not None) if splitter else ("", text)
+                calls: list = []
+                if tool_parser:
+                    content, calls = tool_parser.feed(content, final is not None)
+                if thinking:
+                    yield chunk("", thinking)
+                if content:
+                    yield chunk(content)
+                if calls:
+                    yield chunk("", "", calls)
+                if final is not None:
+                    done = chunk()
+                    done.update(done=True, **final)
+                    yield done
+        finally:
+            lease.release()
+
+    return ndjson(objs())
+
+
+@router.post("/api/embed")
+async def embed(request: Request) -> JSONResponse:
+    t0 = time.perf_counter_ns()
+    req = await parse_body(request, EmbedRequest)
+    ctx = _ctx(request)
+    if not req.model:
+        raise APIError(400, "model is required")
+    inputs = req.input
+    if isinstance(inputs, str):
+        inputs = [inputs] if inputs else []
+    elif inputs is None:
+        inputs = []
+    elif not isinstance(inputs, list) or not all(isinstance(s, str) for s in inputs):
+        raise APIError(400, "invalid input type")
+    if req.dimensions is not None and req.dimensions < 1:
+        raise APIError(400, f"dimensions must be a positive integer, got {req.dimensions}")
+    keep_alive = parse_keep_alive(req.keep_alive)
+    lease = await ctx.manager.acquire(req.model, keep_alive=keep_alive, num_ctx=requested_num_ctx(req.options))
+    try:
+        vectors, count = [], 0
+        for text in inputs:
+            vec, n = await embed_text(lease, text, truncate=req.truncate is not False)
+            vectors.append(normalise(vec, req.dimensions))
+            count += n
+    finally:
+        lease.release()
+    if not inputs:
+        return JSONResponse({"model": req.model, "embeddings": []})
+    return JSONResponse({"model": req.model, "embeddings": vectors, "total_duration": time.perf_counter_ns() - t0,
+                         "load_duration": lease.load_duration_ns, "prompt_eval_count": count})
+
+
+@router.post("/api/embeddings")
+async def embeddings(request: Request) -> JSONResponse:
+    req = await parse_body(request, EmbeddingsRequest)
+    ctx = _ctx(request)
+    if not req.model:
+        raise APIError(400, "model is required")
+    lease = await ctx.manager.acquire(req.model, keep_alive=parse_keep_alive(req.keep_alive),
+                                      num_ctx=requested_num_ctx(req.options))
+    try:
+        if not req.prompt:
+            return JSONResponse({"embedding": []})
+        vec, _ = await embed_text(lease, req.prompt, truncate=True)
+    finally:
+        lease.release()
+    return JSONResponse({"embedding": [float(x) for x in vec.astype("float64")]})

@@ -1,0 +1,144 @@
+"""Ollama's model-management endpoints: tags, show, create, copy, delete, blobs, ps, pull, push."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .errors import APIError, parse_body
+from .generation import rfc3339
+from .schemas import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+def _ctx(request: Request) -> Any:
+    return request.app.state.ctx
+
+
+@router.api_route("/api/tags", methods=["GET", "HEAD"])
+async def tags(request: Request) -> JSONResponse:
+    models = await asyncio.to_thread(_ctx(request).store.list_models)
+    return JSONResponse({"models": models})
+
+
+@router.post("/api/show")
+async def show(request: Request) -> JSONResponse:
+    req = await parse_body(request, ShowRequest)
+    name = req.model or req.name
+    if not name:
+        raise APIError(400, "model is required")
+    info = await asyncio.to_thread(_ctx(request).store.show, name, bool(req.verbose), req.system)
+    return JSONResponse(info)
+
+
+@router.post("/api/create")
+async def create(request: Request) -> Response:
+    req = await parse_body(request, CreateRequest)
+    name = req.model or req.name
+    if not name:
+        raise APIError(400, "model is required")
+    if not req.from_ and not req.files:
+        raise APIError(400, "neither 'from' or 'files' was specified")
+    store = _ctx(request).store
+    # Validation (bad name, missing blob, unknown base, bad template) fails here with a real status.
+    steps = await asyncio.to_thread(store.create_iter, name, req)
+    done = object()
+
+    async def statuses() -> AsyncIterator[dict[str, Any]]:
+        while (status := await asyncio.to_thread(next, steps, done)) is not done:
+            yield {"status": status} if isinstance(status, str) else dict(status)
+
+    if req.stream is False:
+        last: dict[str, Any] = {"status": "success"}
+        async for last in statuses():
+            pass
+        return JSONResponse(last)
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for item in statuses():
+                yield (json.dumps(item) + "\n").encode()
+        except APIError as e:
+            yield (json.dumps({"error": e.message}) + "\n").encode()
+        except Exception as e:  # noqa: BLE001 - reported in Ollama's shape
+            log.exception("create %s failed", name)
+            yield (json.dumps({"error": f"create failed: {e}"}) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.post("/api/copy")
+async def copy(request: Request) -> Response:
+    req = await parse_body(request, CopyRequest)
+    await asyncio.to_thread(_ctx(request).store.copy, req.source, req.destination)
+    return Response(status_code=200)
+
+
+@router.delete("/api/delete")
+async def delete(request: Request) -> Response:
+    req = await parse_body(request, DeleteRequest)
+    name = req.model or req.name
+    if not name:
+        raise APIError(400, "model is required")
+    ctx = _ctx(request)
+    record = ctx.manager.resolve(name)  # 404 before touching anything
+    await ctx.manager.unload(record.name)
+    await asyncio.to_thread(ctx.store.delete, name)
+    return Response(status_code=200)
+
+
+@router.head("/api/blobs/{digest}")
+async def blob_exists(request: Request, digest: str) -> Response:
+    if await asyncio.to_thread(_ctx(request).store.has_blob, digest):
+        return Response(status_code=200)
+    raise APIError(404, f'blob "{digest}" not found')
+
+
+@router.post("/api/blobs/{digest}")
+async def blob_upload(request: Request, digest: str) -> Response:
+    store = _ctx(request).store
+    if await asyncio.to_thread(store.has_blob, digest):  # also validates the digest format (400)
+        async for _ in request.stream():  # drain so the client sees a clean 200
+            pass
+        return Response(status_code=200)
+    await store.write_blob(digest, request.stream())
+    return Response(status_code=201)
+
+
+@router.get("/api/ps")
+async def ps(request: Request) -> JSONResponse:
+    ctx = _ctx(request)
+    out = []
+    for m in sorted(ctx.manager.loaded(), key=lambda m: m.expires_at, reverse=True):
+        details = dict(m.record.details)
+        details["parent_model"] = ""
+        gpu = m.backend != "llamacpp" and str(getattr(m.runner, "device", "cpu")).startswith(("cuda", "mps"))
+        out.append({"name": m.name, "model": m.name, "size": m.size, "digest": m.record.digest,
+                    "details": details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size if gpu else 0,
+                    "context_length": m.context_length})
+    return JSONResponse({"models": out})
+
+
+_OFFLINE = ("evenflow does not {verb} models: it runs offline with no registry access. "
+            "{hint}")
+
+
+@router.post("/api/pull")
+async def pull(request: Request) -> JSONResponse:
+    req = await parse_body(request, PullRequest)
+    name = req.model or req.name or ""
+    raise APIError(501, _OFFLINE.format(verb="pull", hint=f"To use {name!r}, create it from a local GGUF file "
+                                                          "(ollama create / POST /api/create with files), or point "
+                                                          "EVENFLOW_OLLAMA_STORE at an Ollama store that has it."))
+
+
+@router.post("/api/push")
+async def push(request: Request) -> JSONResponse:
+    await parse_body(request, PullRequest)
+    raise APIError(501, _OFFLINE.format(verb="push", hint="Copy the store directory instead."))

@@ -1,0 +1,321 @@
+"""OpenAI-compatible endpoints (/v1): chat completions, completions, models, embeddings; SSE with `data: [DONE]`."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import struct
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from . import prompting
+from .errors import APIError, parse_body
+from .generation import (check_num_ctx, collect, embed_text, engine_stream, fit_to_context, normalise,
+                         sampling_params)
+from .ollama import check_format
+from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+
+router = APIRouter(prefix="/v1")
+FINGERPRINT = "fp_ollama"
+
+
+def _ctx(request: Request) -> Any:
+    return request.app.state.ctx
+
+
+def _params(req: Any, model: Any) -> Any:
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+    if max_tokens is not None and max_tokens < 0:
+        raise APIError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
+    if req.n not in (None, 1):
+        raise APIError(400, f"n={req.n} is not supported; only n=1", param="n")
+    # Ollama's /v1 defaults: temperature and top_p 1.0 when absent (they override the model's PARAMETERs)
+    return sampling_params(None, model.record.params, num_predict=max_tokens, stop=stop, seed=req.seed,
+                           temperature=1.0 if req.temperature is None else req.temperature,
+                           top_p=1.0 if req.top_p is None else req.top_p,
+                           frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty)
+
+
+def _usage(metrics: dict[str, int]) -> dict[str, int]:
+    p, c = metrics.get("prompt_eval_count", 0), metrics.get("eval_count", 0)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _finish(reason: str | None, calls: bool) -> str:
+    if calls and reason == "stop":
+        return "tool_calls"
+    return "length" if reason == "length" else "stop"
+
+
+def _sse(objs: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            async for obj in objs:
+                yield f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+        except APIError as e:
+            err = {"error": {"message": e.message, "type": "api_error", "param": None, "code": None}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _text_content(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not isinstance(p, dict):
+                raise APIError(400, "invalid message content part: expected an object")
+            if p.get("type") == "text":
+                parts.append(str(p.get("text", "")))
+            elif p.get("type") in ("image_url", "input_audio"):
+                raise APIError(400, "image and audio inputs are not supported (no multimodal models yet)")
+            else:
+                raise APIError(400, f"invalid message content part type {p.get('type')!r}")
+        return "\n".join(parts)
+    raise APIError(400, f"invalid message content: expected a string or a list of parts, got {type(content).__name__}")
+
+
+def convert_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI messages -> the template's message dicts (tool_calls arguments parsed, tool names resolved)."""
+    if not messages:
+        raise APIError(400, "[] is too short - 'messages'", param="messages")
+    out: list[dict[str, Any]] = []
+    call_names: dict[str, str] = {}
+    for m in messages:
+        role = str(m.get("role", "")).lower()
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise APIError(400, f"invalid message role {m.get('role')!r}", param="messages")
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": _text_content(m.get("content"))}
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function") or {}
+                args = fn.get("arguments") or "{}"
+                try:
+                    args = json.loads(args) if isinstance(args, str) else args
+                except json.JSONDecodeError:
+                    raise APIError(400, "invalid tool call arguments") from None
+                calls.append({"function": {"name": fn.get("name", ""), "arguments": args}})
+                if c.get("id"):
+                    call_names[c["id"]] = fn.get("name", "")
+            msg["tool_calls"] = calls
+        if m.get("reasoning"):
+            msg["thinking"] = m["reasoning"]
+        if role == "tool":
+            name = m.get("name") or call_names.get(m.get("tool_call_id", ""), "")
+            if name:
+                msg["tool_name"] = name
+            if m.get("tool_call_id"):
+                msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    return out
+
+
+def _oai_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": f"call_{''.join(random.choices('abcdefghijklmnopqrstuvwxyz0123456789', k=8))}",
+             "index": c["function"].get("index", i), "type": "function",
+             "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
+            for i, c in enumerate(calls)]
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    req = await parse_body(request, ChatCompletionRequest)
+    rf = req.response_format or {}
+    if rf.get("type") in ("json_object", "json_schema"):
+        check_format("json")
+    messages = convert_messages(req.messages)
+    ctx = _ctx(request)
+    effort = req.reasoning_effort
+    efforts = {None: None, "none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+               "max": "max", "xhigh": "max", "ultra": "max"}
+    if effort not in efforts:
+        raise APIError(400, f"invalid reasoning_effort {effort!r}: expected none, minimal, low, medium, high, max",
+                       param="reasoning_effort")
+    think = efforts[effort]
+    lease = await ctx.manager.acquire(req.model)
+    try:
+        model = lease.model
+        think = prompting.resolve_think(model, think)
+        tools = req.tools or None
+        if tools and not prompting.supports_tools(model):
+            raise APIError(400, f"{prompting.full_name(model)} does not support tools")
+        text, add = prompting.render_chat(model, messages, tools=tools, think=think)
+        ids = prompting.encode(model, text, add_special=add)
+        params = _params(req, model)
+        fit_to_context(ids, params, check_num_ctx(model, None), model)
+        chunks = await engine_stream(request, lease, ids, params, {"model": model.name, "endpoint": "/v1/chat/completions"}, t0)
+    except BaseException:
+        lease.release()
+        raise
+    cid, created = f"chatcmpl-{random.randint(0, 998)}", int(time.time())
+    splitter = prompting.ThinkSplitter(think, text) if think else None
+    tool_parser = prompting.ToolCallStream(prompting.template_of(model)) if tools else None
+    base = {"id": cid, "created": created, "model": req.model, "system_fingerprint": FINGERPRINT}
+    if not req.stream:
+        try:
+            g = await collect(chunks)
+        finally:
+            lease.release()
+        thinking, content = splitter.split_all(g.text) if splitter else ("", g.text)
+        calls: list = []
+        if tool_parser:
+            content, calls = tool_parser.parse_all(content)
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if thinking:
+            msg["reasoning"] = thinking
+        if calls:
+            msg["tool_calls"] = _oai_tool_calls(calls)
+        return JSONResponse({**base, "object": "chat.completion", "choices": [
+            {"index": 0, "message": msg, "finish_reason": _finish(g.done_reason, bool(calls))}],
+            "usage": _usage(g.metrics)})
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    async def objs() -> AsyncIterator[dict[str, Any]]:
+        first, any_calls = True, False
+
+        def ch(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            nonlocal first
+            if first:
+                delta = {"role": "assistant", **delta}
+                first = False
+            return {**base, "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        try:
+            async for text, _ids, final in chunks:
+                thinking, content = splitter.feed(text, final is not None) if splitter else ("", text)
+                calls: list = []
+                if tool_parser:
+                    content, calls = tool_parser.feed(content, final is not None)
+                if thinking:
+                    yield ch({"content": "", "reasoning": thinking})
+                if content:
+                    yield ch({"content": content})
+                if calls:
+                    any_calls = True
+                    yield ch({"tool_calls": _oai_tool_calls(calls)})
+                if final is not None:
+                    yield ch({} if not first else {"content": ""}, _finish(final["done_reason"], any_calls))
+                    if include_usage:
+                        yield {**base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(final)}
+        finally:
+            lease.release()
+
+    return _sse(objs())
+
+
+@router.post("/completions")
+async def completions(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    req = await parse_body(request, CompletionRequest)
+    ctx = _ctx(request)
+    lease = await ctx.manager.acquire(req.model)
+    try:
+        model = lease.model
+        if req.suffix:
+            text, add = prompting.render_generate(model, req.prompt, system=None, suffix=req.suffix, template=None,
+                                                  think=None)
+        else:
+            text, add = req.prompt, True  # the prompt goes to the model as written (Ollama sends it raw)
+        ids = prompting.encode(model, text, add_special=add)
+        params = _params(req, model)
+        fit_to_context(ids, params, check_num_ctx(model, None), model)
+        chunks = await engine_stream(request, lease, ids, params, {"model": model.name, "endpoint": "/v1/completions"}, t0)
+    except BaseException:
+        lease.release()
+        raise
+    base = {"id": f"cmpl-{random.randint(0, 998)}", "object": "text_completion", "created": int(time.time()),
+            "model": req.model, "system_fingerprint": FINGERPRINT}
+    if not req.stream:
+        try:
+            g = await collect(chunks)
+        finally:
+            lease.release()
+        return JSONResponse({**base, "choices": [{"text": g.text, "index": 0, "logprobs": None,
+                                                  "finish_reason": _finish(g.done_reason, False)}],
+                             "usage": _usage(g.metrics)})
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    async def objs() -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for text, _ids, final in chunks:
+                if final is None and not text:
+                    continue
+                obj = {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                            "finish_reason": None if final is None else _finish(final["done_reason"], False)}]}
+                if include_usage:
+                    obj["usage"] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+                yield obj
+                if final is not None and include_usage:
+                    yield {**base, "choices": [], "usage": _usage(final)}
+        finally:
+            lease.release()
+
+    return _sse(objs())
+
+
+def _model_obj(m: dict[str, Any]) -> dict[str, Any]:
+    from datetime import datetime  # noqa: PLC0415
+
+    name = m["model"]
+    try:
+        created = int(datetime.fromisoformat(m["modified_at"].replace("Z", "+00:00")[:26] + "+00:00").timestamp()) \
+            if m.get("modified_at") else 0
+    except ValueError:
+        created = 0
+    owner = name.split("/")[-2] if name.count("/") >= 1 else "library"
+    return {"id": name, "object": "model", "created": created, "owned_by": owner}
+
+
+@router.get("/models")
+async def list_models(request: Request) -> JSONResponse:
+    models = await asyncio.to_thread(_ctx(request).store.list_models)
+    return JSONResponse({"object": "list", "data": [_model_obj(m) for m in models]})
+
+
+@router.get("/models/{model:path}")
+async def retrieve_model(request: Request, model: str) -> JSONResponse:
+    models = await asyncio.to_thread(_ctx(request).store.list_models)
+    record = _ctx(request).manager.resolve(model)  # 404 in OpenAI shape for unknown names
+    for m in models:
+        if m["model"] == record.name:
+            return JSONResponse(_model_obj(m))
+    raise APIError(404, f"model '{model}' not found")
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request) -> JSONResponse:
+    req = await parse_body(request, EmbeddingRequest)
+    inputs = req.input
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not inputs or not isinstance(inputs, list) or not all(isinstance(s, str) for s in inputs):
+        raise APIError(400, "invalid input: expected a string or a list of strings (token arrays are not supported)",
+                       param="input")
+    fmt = req.encoding_format or "float"
+    if fmt not in ("float", "base64"):
+        raise APIError(400, f"invalid encoding_format {fmt!r}: expected \"float\" or \"base64\"", param="encoding_format")
+    if req.dimensions is not None and req.dimensions < 1:
+        raise APIError(400, f"dimensions must be a positive integer, got {req.dimensions}", param="dimensions")
+    lease = await _ctx(request).manager.acquire(req.model)
+    data, total = [], 0
+    try:
+        for i, text in enumerate(inputs):
+            vec, n = await embed_text(lease, text, truncate=True)
+            total += n
+            v = normalise(vec, req.dimensions)
+            emb: Any = base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if fmt == "base64" else v
+            data.append({"object": "embedding", "embedding": emb, "index": i})
+    finally:
+        lease.release()
+    return JSONResponse({"object": "list", "data": data, "model": req.model,
+                         "usage": {"prompt_tokens": total, "total_tokens": total}})

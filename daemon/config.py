@@ -1,0 +1,290 @@
+"""Every daemon setting in one place: Ollama's variables (with an EVENFLOW_ twin that wins), evenflow's own.
+
+`SETTINGS` is the table the CLI turns into `evenflow serve --flags`; `load_settings(env, overrides)` parses
+and validates, raising `ConfigError` that names the variable and what it accepts.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 11434
+FOREVER = math.inf  # keep_alive meaning "never unload"
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value; the message names the variable and what it accepts."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Value parsers (shared with the HTTP layer: keep_alive has the same grammar in requests)
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_go_duration(text: str) -> float:
+    """Go's time.ParseDuration ("5m", "1h30m", "-1m", "300ms", "0") -> seconds; ValueError otherwise."""
+    s = text.strip()
+    sign = 1.0
+    if s[:1] in "+-" and s:
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        raise ValueError(f"invalid duration {text!r}")
+    pos, total = 0, 0.0
+    for m in _DURATION_RE.finditer(s):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos != len(s):
+        raise ValueError(f"invalid duration {text!r} (expected a Go duration such as 5m, 1h30m, 30s, -1m)")
+    return sign * total
+
+
+def keep_alive_seconds(value: Any) -> float:
+    """A request's keep_alive: a number is seconds, a string a Go duration; negative means forever."""
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive must be a number of seconds or a duration string, got {value!r}")
+    if isinstance(value, (int, float)):
+        secs = float(value)
+    elif isinstance(value, str):
+        secs = parse_go_duration(value)
+    else:
+        raise ValueError(f"keep_alive must be a number of seconds or a duration string, got {value!r}")
+    if math.isnan(secs):
+        raise ValueError("keep_alive must not be NaN")
+    return FOREVER if secs < 0 else secs
+
+
+def _env_keep_alive(text: str) -> float:
+    """OLLAMA_KEEP_ALIVE: a Go duration or integer seconds (envconfig.KeepAlive)."""
+    try:
+        return keep_alive_seconds(parse_go_duration(text))
+    except ValueError:
+        return keep_alive_seconds(int(text))
+
+
+@dataclass(frozen=True)
+class HostPort:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{h}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_host(text: str) -> HostPort:
+    """Ollama's OLLAMA_HOST grammar: host, host:port, :port, scheme://host[:port][/path]."""
+    s = text.strip().strip("'\"").strip()
+    scheme, default_port = "http", DEFAULT_PORT
+    if "://" in s:
+        scheme, s = s.split("://", 1)
+        scheme = scheme.lower()
+        if scheme not in ("http", "https"):
+            raise ValueError(f"unsupported scheme {scheme!r} (http or https)")
+        default_port = 443 if scheme == "https" else 80
+    s = s.split("/", 1)[0]
+    parts = urlsplit(f"//{s}")
+    try:
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"invalid port in {text!r}: {e}") from None
+    host = parts.hostname or "127.0.0.1"
+    if s.startswith(":") and port is None:
+        raise ValueError(f"invalid host {text!r}")
+    return HostPort(scheme, host, port if port is not None else default_port)
+
+
+def _parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "t", "yes", "y", "on"):
+        return True
+    if t in ("0", "false", "f", "no", "n", "off", ""):
+        return False
+    raise ValueError("expected a boolean (1/0, true/false)")
+
+
+def _int_min(lo: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        v = int(text.strip())
+        if v < lo:
+            raise ValueError(f"must be >= {lo}")
+        return v
+    return parse
+
+
+def _float_min(lo: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        v = float(text.strip())
+        if not math.isfinite(v) or v < lo:
+            raise ValueError(f"must be a finite number >= {lo}")
+        return v
+    return parse
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        v = text.strip().lower()
+        if v not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return v
+    return parse
+
+
+def _origins(text: str) -> list[str]:
+    return [o.strip() for o in text.split(",") if o.strip()]
+
+
+def _path(text: str) -> Path:
+    return Path(text.strip()).expanduser()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The table of settings
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    name: str  # Settings attribute and --flag name (underscores become dashes)
+    envs: tuple[str, ...]  # variables, the first one wins (EVENFLOW_ twin first)
+    parse: Callable[[str], Any]
+    accepts: str  # what a valid value looks like, for errors and --help
+    help: str
+    is_flag: bool = False  # boolean switch on the command line
+
+
+def _twin(var: str) -> tuple[str, ...]:
+    return ("EVENFLOW_" + var.removeprefix("OLLAMA_"), var)
+
+
+SETTINGS: tuple[SettingSpec, ...] = (
+    SettingSpec("host", _twin("OLLAMA_HOST"), parse_host, "host, host:port or scheme://host:port",
+                "address to bind (default 127.0.0.1:11434)"),
+    SettingSpec("models", _twin("OLLAMA_MODELS"), _path, "a directory path", "model store directory"),
+    SettingSpec("keep_alive", _twin("OLLAMA_KEEP_ALIVE"), _env_keep_alive,
+                "a Go duration (5m, 1h, -1) or integer seconds", "how long an idle model stays loaded (default 5m; 0 unloads; negative = forever)"),
+    SettingSpec("num_parallel", _twin("OLLAMA_NUM_PARALLEL"), _int_min(0), "an integer >= 0",
+                "concurrent sequences per model (0 = EVENFLOW_MAX_SEQS, default 8)"),
+    SettingSpec("max_loaded_models", _twin("OLLAMA_MAX_LOADED_MODELS"), _int_min(0), "an integer >= 0",
+                "models kept loaded at once, idle ones evicted LRU (0 = 3)"),
+    SettingSpec("max_queue", _twin("OLLAMA_MAX_QUEUE"), _int_min(1), "an integer >= 1",
+                "pending requests before 503 server busy (default 512)"),
+    SettingSpec("origins", _twin("OLLAMA_ORIGINS"), _origins, "comma-separated origins, * wildcards",
+                "extra CORS origins allowed besides localhost/app/file/tauri/vscode"),
+    SettingSpec("context_length", _twin("OLLAMA_CONTEXT_LENGTH"), _int_min(1), "an integer >= 1",
+                "default num_ctx (default 4096; clamped to the model's trained context)"),
+    SettingSpec("backend", ("EVENFLOW_BACKEND",), _choice("auto", "torch", "mlx", "llamacpp"),
+                "auto, torch, mlx or llamacpp", "model runner backend"),
+    SettingSpec("device", ("EVENFLOW_DEVICE",), lambda s: s.strip() or "auto", "auto, cpu, cuda, cuda:N or mps",
+                "torch device"),
+    SettingSpec("prefill", ("EVENFLOW_PREFILL",), _choice("chunked", "monolithic"), "chunked or monolithic",
+                "prefill scheduling mode"),
+    SettingSpec("max_batched_tokens", ("EVENFLOW_MAX_BATCHED_TOKENS",), _int_min(1), "an integer >= 1",
+                "token budget per engine step"),
+    SettingSpec("target_itl_ms", ("EVENFLOW_TARGET_ITL_MS",), _float_min(0.0), "a number >= 0 (milliseconds)",
+                "inter-token latency target of the adaptive budget (0 = fixed budget)"),
+    SettingSpec("max_seqs", ("EVENFLOW_MAX_SEQS",), _int_min(1), "an integer >= 1",
+                "sequence slots per loaded model"),
+    SettingSpec("num_threads", ("EVENFLOW_NUM_THREADS",), _int_min(0), "an integer >= 0 (0 = physical cores)",
+                "CPU threads for the backend"),
+    SettingSpec("log_content", ("EVENFLOW_LOG_CONTENT",), _parse_bool, "1/0 or true/false",
+                "include prompts and outputs in /api/events", is_flag=True),
+    SettingSpec("ollama_store", ("EVENFLOW_OLLAMA_STORE",), _path, "a directory path",
+                "read-only Ollama store (default ~/.ollama/models if present)"),
+    SettingSpec("no_demo", ("EVENFLOW_NO_DEMO",), _parse_bool, "1/0 or true/false",
+                "do not create the synthetic demo model in an empty store", is_flag=True),
+)
+SPEC_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _default_models_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("evenflow")) / "models"
+
+
+def _default_ollama_store() -> Path | None:
+    p = Path("~/.ollama/models").expanduser()
+    return p if p.is_dir() else None
+
+
+@dataclass
+class Settings:
+    host: HostPort = field(default_factory=lambda: HostPort("http", "127.0.0.1", DEFAULT_PORT))
+    models: Path = field(default_factory=_default_models_dir)
+    keep_alive: float = 300.0  # seconds; math.inf = forever
+    num_parallel: int = 0
+    max_loaded_models: int = 0
+    max_queue: int = 512
+    origins: list[str] = field(default_factory=list)
+    context_length: int = 4096
+    backend: str = "auto"
+    device: str = "auto"
+    prefill: str = "chunked"
+    max_batched_tokens: int = 512
+    target_itl_ms: float = 0.0
+    max_seqs: int = 8
+    num_threads: int = 0
+    log_content: bool = False
+    ollama_store: Path | None = field(default_factory=_default_ollama_store)
+    no_demo: bool = False
+
+    @property
+    def loaded_model_limit(self) -> int:
+        return self.max_loaded_models or 3
+
+
+def load_settings(env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Settings from the environment (EVENFLOW_ twin wins over OLLAMA_), then `overrides` (CLI flags)."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for spec in SETTINGS:
+        for var in spec.envs:
+            raw = env.get(var)
+            if raw is None:
+                continue
+            raw = raw.strip().strip("'\"").strip()  # envconfig.Var strips quotes and spaces
+            if raw == "" and spec.name not in ("origins",):
+                continue  # an empty variable means unset, as in Ollama
+            values[spec.name] = _parse(spec, raw, var)
+            break
+    for name, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        spec = SPEC_BY_NAME.get(name)
+        if spec is None:
+            raise ConfigError(f"unknown setting {name!r}; known: {', '.join(SPEC_BY_NAME)}")
+        values[name] = _parse(spec, raw, "--" + name.replace("_", "-")) if isinstance(raw, str) else raw
+    return Settings(**values)
+
+
+def _parse(spec: SettingSpec, raw: str, where: str) -> Any:
+    try:
+        return spec.parse(raw)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}={raw!r} is invalid: {spec.accepts} expected ({e})") from None

@@ -1,0 +1,118 @@
+"""Prometheus metrics, one CollectorRegistry per app, fed from engine events (engine thread) and HTTP responses."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    """All daemon metrics; `observe_event` is an engine subscriber (cheap, thread-safe)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("evenflow_http_requests", "HTTP responses by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("evenflow_prompt_tokens", "Prompt tokens of finished requests", ["model"], registry=r)
+        self.generated_tokens = Counter("evenflow_generated_tokens", "Generated tokens", ["model"], registry=r)
+        self.finished = Counter("evenflow_sequences_finished", "Finished sequences by done_reason",
+                                ["model", "reason"], registry=r)
+        self.ttft = Histogram("evenflow_time_to_first_token_seconds", "Engine arrival to first token", ["model"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("evenflow_inter_token_latency_seconds", "Gap between consecutive generated tokens",
+                             ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_time = Histogram("evenflow_engine_step_seconds", "Engine step (forward pass + sampling) time",
+                                   ["model"], buckets=_STEP_BUCKETS, registry=r)
+        self.step_tokens = Counter("evenflow_engine_step_tokens", "Tokens computed by engine steps",
+                                   ["model", "kind"], registry=r)
+        self.queue_depth = Gauge("evenflow_queue_depth", "Sequences waiting for a slot", ["model"], registry=r)
+        self.running = Gauge("evenflow_running_sequences", "Sequences holding a slot", ["model"], registry=r)
+        self.kv_used = Gauge("evenflow_kv_blocks_used", "KV blocks in use", ["model"], registry=r)
+        self.kv_total = Gauge("evenflow_kv_blocks_total", "KV blocks allocated", ["model"], registry=r)
+        self.kv_usage = Gauge("evenflow_kv_usage_ratio", "KV blocks used / total", ["model"], registry=r)
+        self.loaded = Gauge("evenflow_models_loaded", "Models loaded", registry=r)
+        self.pending = Gauge("evenflow_pending_requests", "Requests waiting for a model to load", registry=r)
+        self.loads = Counter("evenflow_model_loads", "Model loads", ["model", "backend"], registry=r)
+        self.load_time = Histogram("evenflow_model_load_seconds", "Time to load a model", ["model"],
+                                   buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
+        self.events_dropped = Counter("evenflow_events_dropped", "Events dropped for slow /api/events readers",
+                                      registry=r)
+        self._lock = threading.Lock()
+        self._arrival: dict[tuple[str, int], float] = {}
+        self._last_token: dict[tuple[str, int], float | None] = {}
+        self._models_seen: set[str] = set()
+
+    def observe_response(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+
+    def observe_event(self, ev: dict[str, Any]) -> None:
+        model = str(ev.get("model") or ev.get("user", {}).get("model") or "")
+        t = float(ev.get("time", 0.0))
+        if ev.get("type") == "step":
+            self.step_time.labels(model).observe(float(ev.get("step_ms", 0.0)) / 1e3)
+            self.step_tokens.labels(model, "decode").inc(int(ev.get("decodes", 0)))
+            self.step_tokens.labels(model, "prefill").inc(int(ev.get("prefill_tokens", 0)))
+            self._set_gauges(model, ev.get("running", 0), ev.get("waiting", 0), ev.get("kv_used", 0),
+                             ev.get("kv_total", 0))
+            return
+        if ev.get("type") == "model" and ev.get("event") == "loaded":
+            self.loads.labels(model, str(ev.get("backend", ""))).inc()
+            self.load_time.labels(model).observe(float(ev.get("load_ms", 0.0)) / 1e3)
+            return
+        if ev.get("type") != "request":
+            return
+        key = (model, int(ev.get("seq_id", 0)))
+        kind = ev.get("event")
+        with self._lock:
+            if kind == "queued":
+                self._arrival[key] = t
+            elif kind == "first_token":
+                arrived = self._arrival.get(key)
+                if arrived is not None:
+                    self.ttft.labels(model).observe(max(t - arrived, 0.0))
+                self._last_token[key] = None  # the first token's own "token" event is not a gap
+            elif kind == "token":
+                last = self._last_token.get(key)
+                if last is not None and t >= last:
+                    self.itl.labels(model).observe(t - last)
+                self._last_token[key] = t
+            elif kind == "finished":
+                self._arrival.pop(key, None)
+                self._last_token.pop(key, None)
+        if kind == "finished":
+            self.prompt_tokens.labels(model).inc(int(ev.get("prompt_tokens", 0)))
+            self.generated_tokens.labels(model).inc(int(ev.get("output_tokens", 0)))
+            self.finished.labels(model, str(ev.get("done_reason"))).inc()
+
+    def _set_gauges(self, model: str, running: int, waiting: int, used: int, total: int) -> None:
+        self.running.labels(model).set(running)
+        self.queue_depth.labels(model).set(waiting)
+        self.kv_used.labels(model).set(used)
+        self.kv_total.labels(model).set(total)
+        self.kv_usage.labels(model).set(used / total if total else 0.0)
+        self._models_seen.add(model)
+
+    def refresh(self, engines: Iterable[tuple[str, Any]], pending: int) -> None:
+        """Scrape time: gauges from each loaded engine's stats; unloaded models' gauges removed."""
+        live = set()
+        for name, engine in engines:
+            s = engine.stats()
+            self._set_gauges(name, s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_total)
+            live.add(name)
+        for gone in self._models_seen - live:
+            for g in (self.running, self.queue_depth, self.kv_used, self.kv_total, self.kv_usage):
+                try:
+                    g.remove(gone)
+                except KeyError:
+                    pass
+        self._models_seen = live
+        self.loaded.set(len(live))
+        self.pending.set(pending)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,311 @@
+"""The model manager: loads models on first use, wraps each runner in an Engine, keep-alive timers, LRU eviction.
+
+All loading runs off the event loop (asyncio.to_thread); concurrent requests for one model share one load.
+A request holds a `Lease` while it runs; when the last lease of a model ends its keep-alive clock starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..backends.base import ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
+from .api.errors import SERVER_BUSY, APIError
+from .config import FOREVER, Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelRecord:
+    """What the manager and the API need from the store about one model."""
+
+    name: str  # display name, e.g. "demo:latest"
+    path: str  # weights file (GGUF blob) or HF directory
+    template: str | None = None  # the store's TEMPLATE (Go template or Jinja), None = the model file's own
+    system: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # Modelfile PARAMETERs (sampling defaults, stop)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    digest: str = ""
+    context_length: int | None = None  # trained window if the store knows it
+    size: int = 0
+    bos_token: str | None = None  # special-token texts for Jinja templates
+    eos_token: str | None = None
+    synthetic: bool = False
+
+
+@dataclass
+class LoadedModel:
+    record: ModelRecord
+    runner: Runner
+    engine: Any  # evenflow.daemon.engine.Engine
+    context_length: int  # effective num_ctx
+    load_duration_ns: int
+    size: int
+    backend: str
+    active: int = 0
+    keep_alive: float = 300.0
+    expires_at: float = math.inf  # unix seconds; inf while in use or forever
+    last_used: float = field(default_factory=time.monotonic)
+    timer: asyncio.TimerHandle | None = None
+    unsubscribe: Callable[[], None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def trained_context(self) -> int:
+        return int(self.runner.info.context_length)
+
+
+class Lease:
+    """One request's hold on a loaded model; `release()` (or `async with`) starts the keep-alive clock."""
+
+    def __init__(self, manager: "ModelManager", model: LoadedModel, keep_alive: float, load_ns: int) -> None:
+        self.manager, self.model, self.keep_alive, self.load_duration_ns = manager, model, keep_alive, load_ns
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.manager._release(self.model, self.keep_alive)
+
+    async def __aenter__(self) -> "Lease":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+Resolver = Callable[[str], ModelRecord]  # raises APIError(404/400) for unknown or invalid names
+
+
+class ModelManager:
+    def __init__(self, settings: Settings, resolve: Resolver,
+                 loader: Callable[[str, str, RunnerSettings], Runner] = load_runner) -> None:
+        self.settings = settings
+        self.resolve = resolve
+        self.loader = loader
+        self.models: dict[str, LoadedModel] = {}  # by display name
+        self._loading: dict[str, asyncio.Future[LoadedModel]] = {}
+        self._pending = 0  # requests waiting for a model (queue depth before the engine)
+        self._closing = False
+        self._listeners: list[Callable[[dict], None]] = []  # engine event subscribers, attached at load
+
+    # ---- public ----
+    @property
+    def slots(self) -> int:
+        """Concurrent sequences per model: OLLAMA_NUM_PARALLEL, else EVENFLOW_MAX_SEQS (default 8)."""
+        return self.settings.num_parallel or self.settings.max_seqs
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def add_listener(self, fn: Callable[[dict], None]) -> None:
+        """Subscribe `fn` to the events of every engine, present and future."""
+        self._listeners.append(fn)
+        for m in self.models.values():
+            m.engine.subscribe(fn)
+
+    async def acquire(self, name: str, *, keep_alive: float | None = None, num_ctx: int | None = None) -> Lease:
+        """Resolve, load if needed (shared), and hold `name`; APIError 404/400/503/500 on failure."""
+        if self._closing:
+            raise APIError(503, "server is shutting down")
+        record = self.resolve(name)
+        if num_ctx is not None and record.context_length and num_ctx > record.context_length:
+            raise APIError(400, f"num_ctx {num_ctx} exceeds the context length of model '{record.name}' "
+                                f"({record.context_length} tokens); use num_ctx <= {record.context_length}")
+        keep = self.settings.keep_alive if keep_alive is None else keep_alive
+        if self._pending >= self.settings.max_queue:
+            raise APIError(503, SERVER_BUSY)
+        self._pending += 1
+        t0 = time.perf_counter_ns()
+        try:
+            model = await self._get_loaded(record, num_ctx)
+        finally:
+            self._pending -= 1
+        model.active += 1
+        model.last_used = time.monotonic()
+        model.expires_at = math.inf
+        if model.timer is not None:
+            model.timer.cancel()
+            model.timer = None
+        return Lease(self, model, keep, time.perf_counter_ns() - t0)
+
+    async def unload(self, name: str) -> bool:
+        """Unload now if loaded (waits for in-flight requests to finish)."""
+        model = self.models.get(name)
+        if model is None:
+            return False
+        while model.active:
+            await asyncio.sleep(0.02)
+        if self.models.get(name) is model:
+            await self._drop(model)
+        return True
+
+    def loaded(self) -> list[LoadedModel]:
+        return list(self.models.values())
+
+    async def abort_all(self) -> None:
+        """Stop every engine now: running and queued sequences finish with done_reason "abort"."""
+        self._closing = True
+        await asyncio.gather(*(asyncio.to_thread(m.engine.shutdown, 10) for m in list(self.models.values())))
+
+    async def shutdown(self) -> None:
+        """Stop admitting, abort what runs, shut every engine down and free the models."""
+        self._closing = True
+        for fut in list(self._loading.values()):
+            try:
+                await fut
+            except Exception:  # noqa: BLE001 - a failed load has nothing to free
+                pass
+        for model in list(self.models.values()):
+            await self._drop(model)
+
+    # ---- internals ----
+    async def _get_loaded(self, record: ModelRecord, num_ctx: int | None) -> LoadedModel:
+        while True:
+            fut = self._loading.get(record.name)
+            if fut is not None:
+                await asyncio.shield(fut)
+                continue
+            model = self.models.get(record.name)
+            if model is not None and not self._needs_reload(model, num_ctx):
+                return model
+            fut = asyncio.get_running_loop().create_future()
+            self._loading[record.name] = fut
+            try:
+                if model is not None:  # a bigger num_ctx: wait for its requests, then reload
+                    log.info("reloading %s for num_ctx=%s (loaded with %d)", record.name, num_ctx, model.context_length)
+                    while model.active:
+                        await asyncio.sleep(0.02)
+                    await self._drop(model)
+                await self._make_room()
+                loaded = await self._load(record, num_ctx)
+                self.models[record.name] = loaded
+                fut.set_result(loaded)
+                return loaded
+            except BaseException as e:
+                fut.set_exception(e if isinstance(e, Exception) else RuntimeError("load cancelled"))
+                fut.exception()  # mark retrieved: waiters re-raise it themselves
+                raise
+            finally:
+                self._loading.pop(record.name, None)
+
+    def _needs_reload(self, model: LoadedModel, num_ctx: int | None) -> bool:
+        # A smaller num_ctx is served by the loaded window (the handler enforces it per request), so a
+        # client that varies num_ctx does not thrash loads; only a larger one must reload.
+        return num_ctx is not None and num_ctx > model.context_length and model.context_length < model.trained_context
+
+    async def _make_room(self) -> None:
+        limit = self.settings.loaded_model_limit
+        while len(self.models) >= limit:
+            idle = [m for m in self.models.values() if m.active == 0]
+            if idle:
+                victim = min(idle, key=lambda m: m.last_used)
+                log.info("evicting %s (least recently used; %d models loaded, limit %d)", victim.name,
+                         len(self.models), limit)
+                await self._drop(victim)
+            else:
+                await asyncio.sleep(0.05)
+
+    async def _load(self, record: ModelRecord, num_ctx: int | None) -> LoadedModel:
+        from .engine.engine import Engine, EngineConfig  # noqa: PLC0415 - heavy, only once a model is used
+
+        s = self.settings
+        want = num_ctx if num_ctx is not None else s.context_length
+        if record.context_length:
+            want = min(want, record.context_length)
+        backend = s.backend if s.backend != "auto" else auto_backend()
+        rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=s.max_batched_tokens,
+                            device=s.device, num_threads=s.num_threads or None)
+        t0 = time.perf_counter_ns()
+        log.info("loading %s from %s with %s (num_ctx %d, %d slots)", record.name, record.path, backend, want, self.slots)
+        try:
+            runner = await asyncio.to_thread(self.loader, backend, record.path, rs)
+        except ModelLoadError as e:
+            raise APIError(500, f"failed to load model {record.name!r}: {e}") from None
+        except (OSError, ValueError, RuntimeError) as e:
+            raise APIError(500, f"failed to load model {record.name!r} with backend {backend}: {e}") from None
+        ctx = min(want, int(runner.info.context_length))
+        cfg = EngineConfig(prefill_mode=s.prefill, max_num_batched_tokens=s.max_batched_tokens,
+                           max_num_seqs=self.slots, target_itl_ms=s.target_itl_ms, max_queue=s.max_queue,
+                           context_length=ctx)
+        engine = Engine(runner, cfg, name=record.name)
+        engine.start()
+        model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, _memory_size(record, runner),
+                            backend)
+        for fn in self._listeners:
+            engine.subscribe(fn)
+        self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
+                      "context_length": ctx, "load_ms": model.load_duration_ns / 1e6, "size": model.size})
+        log.info("loaded %s in %.2fs (%s, ctx %d)", record.name, model.load_duration_ns / 1e9, backend, ctx)
+        return model
+
+    def _release(self, model: LoadedModel, keep_alive: float) -> None:
+        model.active -= 1
+        model.last_used = time.monotonic()
+        model.keep_alive = keep_alive
+        if model.active > 0 or self.models.get(model.name) is not model:
+            return
+        if keep_alive == FOREVER:
+            model.expires_at = math.inf
+            return
+        model.expires_at = time.time() + keep_alive
+        loop = asyncio.get_running_loop()
+        if keep_alive <= 0:
+            loop.create_task(self._expire(model))
+        else:
+            model.timer = loop.call_later(keep_alive, lambda: loop.create_task(self._expire(model)))
+
+    async def _expire(self, model: LoadedModel) -> None:
+        if model.active == 0 and self.models.get(model.name) is model and time.time() >= model.expires_at - 0.05:
+            log.info("keep-alive expired: unloading %s", model.name)
+            await self._drop(model)
+
+    async def _drop(self, model: LoadedModel) -> None:
+        if self.models.get(model.name) is model:
+            del self.models[model.name]
+        if model.timer is not None:
+            model.timer.cancel()
+        await asyncio.to_thread(_close, model)
+        self._notify({"type": "model", "event": "unloaded", "model": model.name})
+
+    def _notify(self, event: dict) -> None:
+        event.setdefault("time", time.time())
+        for fn in self._listeners:
+            try:
+                fn(event)
+            except Exception:  # noqa: BLE001 - a listener must not break loading
+                log.exception("model event listener failed")
+
+
+def _close(model: LoadedModel) -> None:
+    try:
+        model.engine.shutdown(timeout=10)
+    finally:
+        try:
+            model.runner.close()
+        except Exception:  # noqa: BLE001 - freeing must not fail the caller
+            log.exception("closing the runner of %s failed", model.name)
+
+
+def _memory_size(record: ModelRecord, runner: Runner) -> int:
+    """Weights file plus the KV pool (what `ollama ps` calls size)."""
+    weights = record.size
+    if not weights:
+        try:
+            weights = os.path.getsize(record.path) if os.path.isfile(record.path) else 0
+        except OSError:
+            weights = 0
+    info = runner.info
+    head_dim = info.embedding_length // max(info.head_count, 1)
+    kv = 2 * info.block_count * info.head_count_kv * head_dim * runner.num_kv_blocks * runner.block_size * 2
+    return int(weights + kv)

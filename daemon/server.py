@@ -1,0 +1,143 @@
+"""The app factory (`create_app`) and `serve()`: FastAPI + uvicorn in one process, graceful shutdown."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI
+
+from .api.errors import install_handlers
+from .api.events import EventHub
+from .api.guard import GuardMiddleware
+from .config import Settings
+from .metrics import Metrics
+from .models import ModelManager
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 5  # in-flight requests may finish for this long after SIGINT/SIGTERM; uvicorn allows 10
+VERSION = "0.13.0"  # the Ollama API version we answer /api/version with (clients gate features on it)
+
+
+class ServeError(RuntimeError):
+    """The server cannot start (port taken, bad address); the message says what to do."""
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    store: Any
+    manager: ModelManager
+    metrics: Metrics
+    events: EventHub
+    started: float = field(default_factory=time.time)
+    closing: bool = False
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+def create_app(settings: Settings, store: Any | None = None, manager: ModelManager | None = None) -> FastAPI:
+    """Build the app: store (created from settings if not given), model manager, metrics, events, routes."""
+    from .api import ollama, openai, events as events_api  # noqa: PLC0415 - routes import the store lazily
+    from .api.store_adapter import make_store, record_resolver  # noqa: PLC0415
+
+    if store is None:
+        store = make_store(settings)
+    manager = manager or ModelManager(settings, record_resolver(store))
+    metrics = Metrics()
+    hub = EventHub(settings.log_content, on_drop=metrics.events_dropped.inc)
+    ctx = AppContext(settings, store, manager, metrics, hub)
+    manager.add_listener(metrics.observe_event)
+    manager.add_listener(hub.publish)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.loop = asyncio.get_running_loop()
+        hub.bind(ctx.loop)
+        if not settings.no_demo and hasattr(store, "ensure_demo"):
+            try:
+                await asyncio.to_thread(store.ensure_demo)
+            except Exception:  # noqa: BLE001 - the daemon serves without the demo
+                log.warning("could not create the demo model", exc_info=True)
+        yield
+        ctx.closing = True
+        await manager.shutdown()
+
+    app = FastAPI(title="evenflow", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.ctx = ctx
+    install_handlers(app)
+    app.include_router(ollama.router)
+    app.include_router(openai.router)
+    app.include_router(events_api.router)
+    app.add_middleware(GuardMiddleware, origins=settings.origins, loopback=settings.host.is_loopback,
+                       is_closing=lambda: ctx.closing, on_response=metrics.observe_response)
+    return app
+
+
+def bind_socket(settings: Settings) -> socket.socket:
+    """Bind the listening socket ourselves so a taken port is one clear sentence, not a traceback."""
+    host, port = settings.host.host, settings.host.port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ServeError(f"cannot resolve OLLAMA_HOST address {host!r}: {e}") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ServeError(f"cannot listen on {host}:{port}: the port is already in use (is another evenflow or "
+                             f"ollama running?). Stop it or choose another address with OLLAMA_HOST / --host.") from None
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def _drain(ctx: AppContext) -> None:
+    """After the grace period, abort what still runs so every stream ends with a final line, not a cut."""
+    await asyncio.sleep(SHUTDOWN_GRACE_S)
+    await ctx.manager.abort_all()
+
+
+class _Server:
+    """uvicorn.Server that marks the app closing (503 for new requests) as soon as a signal arrives."""
+
+    def __init__(self, app: FastAPI, config: Any) -> None:
+        import uvicorn  # noqa: PLC0415
+
+        ctx: AppContext = app.state.ctx
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:  # noqa: D401 - uvicorn hook
+                if not ctx.closing and ctx.loop is not None:
+                    log.info("signal %d: no new requests; in-flight ones get %ds, then are aborted", sig,
+                             SHUTDOWN_GRACE_S)
+                    ctx.loop.call_soon_threadsafe(lambda: ctx.loop.create_task(_drain(ctx)))
+                ctx.closing = True
+                super().handle_exit(sig, frame)
+                # uvicorn re-raises the signal after its graceful shutdown; a clean stop should exit 0
+                self._captured_signals.clear()
+
+        self.server = Server(config)
+
+
+def serve(settings: Settings, log_level: str = "info") -> None:
+    """Run the daemon until SIGINT/SIGTERM; raises ServeError when it cannot start."""
+    import uvicorn  # noqa: PLC0415
+
+    sock = bind_socket(settings)
+    app = create_app(settings)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10, access_log=False)
+    log.info("evenflow listening on %s (backend %s, store %s)", settings.host.url, settings.backend, settings.models)
+    _Server(app, config).server.run(sockets=[sock])
+    log.info("evenflow stopped")

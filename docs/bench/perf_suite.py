@@ -1,0 +1,282 @@
+"""evenflow vs llama-server, side by side, over HTTP on this machine: the figures in docs/performance.md.
+
+    python docs/bench/perf_suite.py                 # everything (~20 min on 2 cores)
+    python docs/bench/perf_suite.py --quick         # L=2048 only, fewer configs
+
+The synthetic `bench` model (Llama shape, ~250M params) as a Q8_0 GGUF; evenflow on the llama.cpp backend
+and llama-server (from the `xllamacpp` wheel) both with the same thread count. Every server is started
+fresh for its configuration; the client (`evenflow.clients.bench`) speaks OpenAI /v1/completions to both.
+Writes docs/bench/perf_suite.json, docs/bench/stall_*.png and docs/performance.md's tables (perf_tables.md).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+
+from evenflow.backends.synthetic import cached_model, make_spec
+from evenflow.clients.bench import Calibration, run_stall
+from evenflow.clients.bench_http import make_prompt, stream_request
+from evenflow.clients.bench_metrics import RequestRecord
+from evenflow.clients.bench_report import write_timeline_png
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from llama_server import llama_server  # noqa: E402
+
+MODEL = "bench"
+PROTOCOL = "openai-completions"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def import_model(store: Path, gguf: Path) -> None:
+    from evenflow.daemon.store import ModelStore
+
+    digest = "sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest()
+    st = ModelStore(store)
+    with gguf.open("rb") as f:
+        st.write_blob(digest, iter(lambda: f.read(1 << 20), b""))
+    for _ in st.create(MODEL, files={gguf.name: digest}):
+        pass
+
+
+@contextlib.contextmanager
+def evenflow_daemon(store: Path, threads: int, ctx: int, env: dict[str, str]) -> Iterator[str]:
+    port = free_port()
+    full = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(store),
+            "EVENFLOW_BACKEND": "llamacpp", "EVENFLOW_NUM_THREADS": str(threads), "OLLAMA_CONTEXT_LENGTH": str(ctx),
+            "OLLAMA_KEEP_ALIVE": "-1", "EVENFLOW_MAX_SEQS": "9", "EVENFLOW_OLLAMA_STORES": "", **env}
+    log = open(HERE / "perf_suite_daemon.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve", "--no-demo"], env=full,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/", timeout=1, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"evenflow exited with {proc.returncode}; see {log.name}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+class StepRecorder:
+    """Collects evenflow's /api/events step events in a thread (to fit the measured step-cost model)."""
+
+    def __init__(self, url: str) -> None:
+        self.steps: list[dict] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(url,), daemon=True)
+        self._t.start()
+
+    def _run(self, url: str) -> None:
+        try:
+            with httpx.stream("GET", url + "/api/events", timeout=None, trust_env=False) as r:
+                for line in r.iter_lines():
+                    if self._stop.is_set():
+                        return
+                    if line:
+                        ev = json.loads(line)
+                        if ev.get("type") == "step":
+                            self.steps.append(ev)
+        except httpx.HTTPError:
+            pass
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        return self.steps
+
+
+def fit_step_cost(steps: list[dict]) -> np.ndarray | None:
+    """Least squares t = a + b*decodes + c*prefill + d*context over measured steps with decodes > 0."""
+    rows = [(1.0, s["decodes"], s["prefill_tokens"], s.get("context_tokens", 0), s["step_ms"] / 1e3)
+            for s in steps if s["decodes"] > 0]
+    if len(rows) < 8:
+        return None
+    a = np.array(rows)
+    coef, *_ = np.linalg.lstsq(a[:, :4], a[:, 4], rcond=None)
+    return coef
+
+
+def frontier_ttft(coef: np.ndarray, target_s: float, prompt_len: int, decodes: int, decode_ctx: int) -> float:
+    """TTFT if every step took the largest chunk the fitted cost allows under the target (no margin)."""
+    a, b, c, d = coef
+    done, t = 0, 0.0
+    while done < prompt_len:
+        fixed = a + b * decodes + d * (decode_ctx + done)
+        chunk = max(1, int((target_s - fixed) / max(c + d, 1e-9)))
+        chunk = min(chunk, prompt_len - done)
+        t += fixed + (c + d) * chunk
+        done += chunk
+    return t
+
+
+async def ttft_alone(url: str, model: str, cal: Calibration, prompt_len: int, seed: int = 7) -> float:
+    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=600) as client:
+        rec = RequestRecord(rid=0, kind="long", prompt_len_target=prompt_len, output_len=2)
+        t0 = time.perf_counter()
+        await stream_request(client, PROTOCOL, model, make_prompt(cal.words_for(prompt_len), seed), rec, t0, seed)
+        if rec.error or not rec.token_times:
+            raise RuntimeError(f"TTFT request failed: {rec.error}")
+        return rec.token_times[0] - rec.start
+
+
+async def throughput(url: str, model: str, n: int, output_len: int = 96) -> float:
+    """Aggregate decode tokens/s of n concurrent streams, over the window where all n are decoding."""
+    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=600) as client:
+        t0 = time.perf_counter()
+        recs = [RequestRecord(rid=i, kind="stream", prompt_len_target=32, output_len=output_len) for i in range(n)]
+        await asyncio.gather(*(stream_request(client, PROTOCOL, model, make_prompt(24, 1000 + i), r, t0, i)
+                               for i, r in enumerate(recs)))
+    start = max(r.token_times[0] for r in recs)
+    end = min(r.token_times[-1] for r in recs)
+    count = sum(sum(1 for t in r.token_times if start < t <= end) for r in recs)
+    return count / max(end - start, 1e-9)
+
+
+def memory_bandwidth_gbs() -> float:
+    a = np.ones(256 * 1024 * 1024 // 8)
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        s = float(a.sum())
+        best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
+    assert s > 0
+    return best
+
+
+def stall_row(res, label: str, extra: dict[str, Any]) -> dict[str, Any]:
+    d = res.to_dict()
+    w = d["stall"]["windows"] or {}
+    return {"config": label, **extra, "before": w.get("before", {}), "during": w.get("during", {}),
+            "ttft_s": (d["stall"]["long_ttft_ms"] or float("nan")) / 1e3,
+            "long_prompt_tokens": d["stall"]["long_prompt_tokens"], "warnings": d["warnings"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--lengths", default="2048,4096")
+    ap.add_argument("--targets", default="100,150,250")
+    ap.add_argument("--budgets", default="16,64,256")
+    ap.add_argument("--streams", type=int, default=4)
+    args = ap.parse_args()
+    lengths = [2048] if args.quick else [int(x) for x in args.lengths.split(",")]
+    targets = [150] if args.quick else [int(x) for x in args.targets.split(",")]
+    budgets = [64] if args.quick else [int(x) for x in args.budgets.split(",")]
+    gguf = Path(cached_model(make_spec("bench"), formats=("gguf",), gguf_dtype="q8_0")["gguf"])
+    ctx = max(lengths) + 1024
+    store = Path(tempfile.mkdtemp(prefix="evenflow-perf-store-"))
+    import_model(store, gguf)
+    out: dict[str, Any] = {"meta": {
+        "model": "synthetic bench preset (llama, 16 layers, hidden 1024, FFN 2816, 16/8 heads, 32k vocab), Q8_0 GGUF",
+        "gguf_bytes": gguf.stat().st_size, "threads": args.threads, "cpus": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
+        "protocol": PROTOCOL, "streams": args.streams}, "stall": [], "ttft_alone": [], "throughput": []}
+    bw = memory_bandwidth_gbs()
+    out["bandwidth"] = {"measured_gbs": bw, "weight_bytes": gguf.stat().st_size,
+                        "single_stream_bound_tok_s": bw * 1e9 / gguf.stat().st_size}
+    print(f"memory read bandwidth {bw:.1f} GB/s -> single-stream decode bound "
+          f"{out['bandwidth']['single_stream_bound_tok_s']:.1f} tok/s", flush=True)
+    cals: dict[int, Calibration] = {}
+    big = str(max(lengths) + 64)
+
+    def ev_configs():
+        for t in targets:
+            yield f"evenflow adaptive {t} ms", {"EVENFLOW_TARGET_ITL_MS": str(t), "EVENFLOW_MAX_BATCHED_TOKENS": big}, t
+        for b in budgets:
+            yield f"evenflow fixed budget {b}", {"EVENFLOW_TARGET_ITL_MS": "0", "EVENFLOW_MAX_BATCHED_TOKENS": str(b)}, None
+        yield "evenflow monolithic", {"EVENFLOW_PREFILL": "monolithic", "EVENFLOW_TARGET_ITL_MS": "0",
+                                      "EVENFLOW_MAX_BATCHED_TOKENS": big}, None
+
+    ls_configs = [("llama-server defaults (n_batch 2048, n_ubatch 512)", 2048, 512),
+                  ("llama-server n_batch 512", 512, 512), ("llama-server n_batch 64", 64, 64)]
+    if args.quick:
+        ls_configs = ls_configs[:1] + ls_configs[2:]
+
+    def stall(url: str, L: int, label: str, extra: dict) -> dict:
+        res = asyncio.run(run_stall(url, PROTOCOL, MODEL if "evenflow" in label else None, args.streams, L,
+                                    output_len=3000, long_output_len=4, warmup_s=3.0, tail_s=1.0,
+                                    calibration=cals.get(L), duration=900, label={"config": label}))
+        if L not in cals and res.calibration is not None:
+            cals[L] = res.calibration
+        row = stall_row(res, label, extra)
+        slug = label.split(" (")[0].replace(" ", "_").replace(",", "")
+        write_timeline_png(res, HERE / f"stall_{slug}_L{L}.png")
+        b, d = row["before"], row["during"]
+        print(f"L={L} {label:48s} P99 before {b.get('p99', float('nan')):7.1f} ms | P99/max during "
+              f"{d.get('p99', float('nan')):7.1f}/{d.get('max', float('nan')):7.1f} ms | TTFT {row['ttft_s']:.2f} s",
+              flush=True)
+        return row
+
+    for label, env, target in ev_configs():
+        with evenflow_daemon(store, args.threads, ctx, env) as url:
+            for L in lengths:
+                rec = StepRecorder(url)
+                row = stall(url, L, label, {"L": L, "target_ms": target})
+                steps = rec.stop()
+                coef = fit_step_cost(steps)
+                if coef is not None and target:
+                    dec = [s for s in steps if s["decodes"] == args.streams and s["prefill_tokens"] == 0]
+                    dctx = int(np.median([s["context_tokens"] for s in dec])) if dec else 0
+                    row["frontier_ttft_s"] = frontier_ttft(coef, target / 1e3, row["long_prompt_tokens"] or L,
+                                                           args.streams, dctx)
+                    row["step_cost_fit"] = coef.tolist()
+                out["stall"].append(row)
+            if label.startswith("evenflow adaptive 150") or label == "evenflow monolithic":
+                for L in lengths:
+                    out["ttft_alone"].append({"config": label, "L": L, "ttft_s": asyncio.run(ttft_alone(url, MODEL, cals[L], L))})
+            if label.startswith("evenflow adaptive 150"):
+                for n in (1, 4, 8):
+                    out["throughput"].append({"config": "evenflow", "streams": n, "tok_s": asyncio.run(throughput(url, MODEL, n))})
+    for label, nb, nub in ls_configs:
+        with llama_server(gguf, n_batch=nb, n_ubatch=nub, slots=args.streams + 1, ctx_per_slot=ctx,
+                          threads=args.threads) as url:
+            for L in lengths:
+                out["stall"].append(stall(url, L, label, {"L": L, "n_batch": nb}))
+            if nb == 2048:
+                for L in lengths:
+                    out["ttft_alone"].append({"config": label, "L": L,
+                                              "ttft_s": asyncio.run(ttft_alone(url, None or "bench", cals[L], L))})
+        if nb == 2048:
+            with llama_server(gguf, n_batch=nb, n_ubatch=nub, slots=9, ctx_per_slot=1024, threads=args.threads) as url:
+                for n in (1, 4, 8):
+                    out["throughput"].append({"config": "llama-server", "streams": n,
+                                              "tok_s": asyncio.run(throughput(url, "bench", n))})
+    (HERE / "perf_suite.json").write_text(json.dumps(out, indent=2, default=float))
+    print(json.dumps(out["ttft_alone"], indent=1), json.dumps(out["throughput"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""A real evenflow daemon (uvicorn) on a free loopback port in a background thread, for the API tests."""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from evenflow.daemon.config import Settings, load_settings
+from evenflow.daemon.server import AppContext, bind_socket, create_app
+
+# The lead runs every backend with EVENFLOW_TEST_BACKENDS=torch,llamacpp; the default keeps CI fast.
+BACKENDS = [b.strip() for b in os.environ.get("EVENFLOW_TEST_BACKENDS", "torch").split(",") if b.strip()]
+
+
+@dataclass
+class Daemon:
+    url: str
+    ctx: AppContext
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def start_daemon(tmp: Path, **overrides: Any) -> Daemon:
+    """Start on 127.0.0.1:<free port> with a store under `tmp`; `overrides` are Settings fields (strings parsed)."""
+    values = {"host": "127.0.0.1:0", "models": str(tmp / "models"), "no_demo": True, "ollama_store": None,
+              "keep_alive": "5m", **overrides}
+    settings: Settings = load_settings({}, {k: v for k, v in values.items() if k != "ollama_store"})
+    settings.ollama_store = values["ollama_store"]
+    sock = bind_socket(settings)
+    port = sock.getsockname()[1]
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test daemon did not start")
+        time.sleep(0.02)
+    return Daemon(f"http://127.0.0.1:{port}", app.state.ctx, server, thread)
+
+
+def upload_model(url: str, gguf: Path, name: str) -> None:
+    """POST the GGUF as a blob and create `name` from it (the blob form of /api/create)."""
+    data = gguf.read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    with httpx.Client(base_url=url, timeout=120) as c:
+        r = c.post(f"/api/blobs/{digest}", content=data)
+        assert r.status_code in (200, 201), r.text
+        r = c.post("/api/create", json={"model": name, "files": {gguf.name: digest}, "stream": False})
+        assert r.status_code == 200, r.text
+
+
+def kv_used(daemon: Daemon, name: str) -> int:
+    m = daemon.ctx.manager.models.get(name)
+    return m.engine.stats().kv_blocks_used if m is not None else 0

@@ -1,0 +1,280 @@
+"""Bad input, hostile clients and overload: each gets the documented status and `{"error": ...}` body, and the
+daemon keeps serving afterwards."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from api_harness import BACKENDS, Daemon, kv_used, start_daemon, upload_model
+
+MODEL = "tiny:latest"
+# The model is built with text_only_output: greedy decoding never picks EOS, so long streams stay long.
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def daemon(request, tmp_path_factory, synthetic_model) -> Iterator[Daemon]:
+    gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True)["gguf"])
+    d = start_daemon(tmp_path_factory.mktemp("errors-api"), backend=request.param, context_length="1024")
+    upload_model(d.url, gguf, "tiny")
+    d.gguf = gguf  # type: ignore[attr-defined]
+    yield d
+    d.stop()
+
+
+@pytest.fixture()
+def http(daemon: Daemon) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=daemon.url, timeout=60) as c:
+        yield c
+    assert httpx.get(daemon.url + "/").text == "Ollama is running"  # still serving after every bad request
+
+
+def _err(r: httpx.Response, status: int, fragment: str) -> None:
+    assert r.status_code == status, r.text[:500]
+    body = r.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str), body
+    assert fragment in body["error"], body["error"]
+
+
+def test_malformed_and_missing_bodies(http: httpx.Client) -> None:
+    _err(http.post("/api/generate", content=b'{"model": "tiny", '), 400, "invalid JSON")
+    _err(http.post("/api/chat", content=b""), 400, "missing request body")
+    _err(http.post("/api/generate", content=b"[1, 2]"), 400, "JSON object")
+
+
+def test_unknown_model_is_404(http: httpx.Client) -> None:
+    for path, body in (("/api/generate", {"model": "nope", "prompt": "x"}),
+                       ("/api/chat", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+                       ("/api/show", {"model": "nope"}), ("/api/embed", {"model": "nope", "input": "x"})):
+        _err(http.post(path, json=body), 404, "model 'nope")
+    _err(http.request("DELETE", "/api/delete", json={"model": "nope"}), 404, "not found")
+    _err(http.post("/api/copy", json={"source": "nope", "destination": "x"}), 404, "not found")
+
+
+def test_wrong_types_and_bad_options(http: httpx.Client) -> None:
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": 5}), 400, "prompt")
+    _err(http.post("/api/chat", json={"model": "tiny", "messages": "hi"}), 400, "messages")
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "x", "stream": "yes"}), 400, "stream")
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "x", "options": {"temperature": "hot"}}),
+         400, "temperature")
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "x", "options": {"num_predict": -3}}),
+         400, "num_predict")
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "x", "keep_alive": "300"}), 400, "duration")
+    _err(http.post("/api/embed", json={"model": "tiny", "input": 7}), 400, "invalid input type")
+    for ok in (-1, -2):  # the two negative values Ollama allows
+        r = http.post("/api/generate", json={"model": "tiny", "prompt": "x", "stream": False,
+                                             "options": {"num_predict": ok, "num_ctx": 24, "temperature": 0}})
+        assert r.status_code == 200 and r.json()["done_reason"] in ("stop", "length")
+
+
+def test_context_limits(http: httpx.Client) -> None:
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "x", "options": {"num_ctx": 100000}}),
+         400, "exceeds the context length")
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "word " * 2000, "stream": False}),
+         400, "context length")
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "word " * 40, "options": {"num_ctx": 16}}),
+         400, "context length")
+    r = http.post("/api/embed", json={"model": "tiny", "input": "word " * 2000, "truncate": False})
+    _err(r, 400, "exceeds the context length")
+
+
+def test_hostile_names(http: httpx.Client, daemon: Daemon, tmp_path: Path) -> None:
+    root = Path(daemon.ctx.settings.models)
+    before = sorted(p.name for p in root.parent.iterdir())
+    for name in ("../evil", "../../etc/passwd", "a/b/c/d", "/abs", "bad name", "x:../y", "..", "a\\b"):
+        _err(http.post("/api/show", json={"model": name}), 400, "invalid model name")
+        _err(http.post("/api/copy", json={"source": "tiny", "destination": name}), 400, "invalid model name")
+        _err(http.post("/api/create", json={"model": name, "from": "tiny"}), 400, "invalid model name")
+    assert sorted(p.name for p in root.parent.iterdir()) == before
+    _err(http.post("/api/blobs/sha256:..etc", content=b"x"), 400, "invalid digest")
+    assert http.post("/api/blobs/sha256-..%2F..%2Fetc", content=b"x").status_code == 404  # never a path
+    r = http.post("/api/create", json={"model": "ok", "files": {"../../x.gguf": "sha256:" + "0" * 64}})
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_blob_digest_mismatch_and_missing(http: httpx.Client, daemon: Daemon) -> None:
+    data = b"not the bytes you hashed"
+    wrong = "sha256:" + hashlib.sha256(b"other").hexdigest()
+    _err(http.post(f"/api/blobs/{wrong}", content=data), 400, "digest mismatch")
+    assert http.head(f"/api/blobs/{wrong}").status_code == 404
+    right = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert http.post(f"/api/blobs/{right}", content=data).status_code == 201
+    assert http.post(f"/api/blobs/{right}", content=data).status_code == 200
+    assert http.head(f"/api/blobs/{right}").status_code == 200
+    missing = "sha256:" + "1" * 64
+    _err(http.post("/api/create", json={"model": "m2", "files": {"m.gguf": missing}}), 400, "not found")
+
+
+def _aborted(daemon: Daemon) -> float:
+    for line in httpx.get(daemon.url + "/metrics").text.splitlines():
+        if line.startswith(f'evenflow_sequences_finished_total{{model="{MODEL}",reason="abort"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_disconnect_mid_stream_frees_kv(daemon: Daemon) -> None:
+    aborted = _aborted(daemon)
+    with httpx.Client(base_url=daemon.url, timeout=60) as c:
+        c.post("/api/generate", json={"model": "tiny", "stream": False})  # load
+        body = {"model": "tiny", "prompt": "a long story",
+                "options": {"num_predict": 100000, "num_ctx": 1024, "temperature": 0}}
+        with c.stream("POST", "/api/generate", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(5):
+                assert json.loads(next(lines))["done"] is False
+            assert kv_used(daemon, MODEL) > 0
+        # the connection is closed here: the sequence must be aborted and its KV returned within a few steps
+    deadline = time.monotonic() + 10
+    while kv_used(daemon, MODEL) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert kv_used(daemon, MODEL) == 0
+    assert daemon.ctx.manager.models[MODEL].engine.stats().running == 0
+    assert _aborted(daemon) == aborted + 1  # it was aborted, not run to its end
+    # the same for a non-streamed request whose client goes away while it runs
+    host, port = daemon.url.removeprefix("http://").split(":")
+    payload = json.dumps({**body, "stream": False}).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        deadline = time.monotonic() + 10
+        while daemon.ctx.manager.models[MODEL].engine.stats().running == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert kv_used(daemon, MODEL) > 0
+    deadline = time.monotonic() + 10
+    while kv_used(daemon, MODEL) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert kv_used(daemon, MODEL) == 0 and daemon.ctx.manager.models[MODEL].engine.stats().running == 0
+    assert _aborted(daemon) == aborted + 2
+
+
+def test_cors_preflight(daemon: Daemon) -> None:
+    ok = httpx.options(daemon.url + "/api/chat", headers={"Origin": "http://localhost:5173",
+                                                           "Access-Control-Request-Method": "POST"})
+    assert ok.status_code == 204 and ok.headers["access-control-allow-origin"] == "http://localhost:5173"
+    assert "POST" in ok.headers["access-control-allow-methods"]
+    for origin in ("app://obsidian.md", "vscode-webview://abc", "tauri://localhost"):
+        assert httpx.options(daemon.url + "/api/tags", headers={
+            "Origin": origin, "Access-Control-Request-Method": "GET"}).status_code == 204
+    denied = httpx.options(daemon.url + "/api/chat", headers={"Origin": "https://evil.example",
+                                                               "Access-Control-Request-Method": "POST"})
+    _err(denied, 403, "not allowed")
+    got = httpx.get(daemon.url + "/api/tags", headers={"Origin": "http://127.0.0.1:3000"})
+    assert got.status_code == 200 and got.headers["access-control-allow-origin"] == "http://127.0.0.1:3000"
+
+
+def test_dns_rebinding_host_guard(daemon: Daemon) -> None:
+    _err(httpx.get(daemon.url + "/api/tags", headers={"Host": "attacker.example:11434"}), 403, "not allowed")
+    for host in ("localhost:11434", "127.0.0.1", "foo.localhost", "[::1]:11434"):
+        assert httpx.get(daemon.url + "/api/tags", headers={"Host": host}).status_code == 200
+
+
+def test_pull_push_are_clear_errors(http: httpx.Client) -> None:
+    _err(http.post("/api/pull", json={"model": "llama3.2"}), 501, "offline")
+    _err(http.post("/api/push", json={"model": "me/llama3.2"}), 501, "offline")
+
+
+def test_queue_full_is_503(tmp_path: Path, synthetic_model) -> None:
+    gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True)["gguf"])
+    d = start_daemon(tmp_path, backend=BACKENDS[0], num_parallel="1", max_queue="1", context_length="2048")
+    try:
+        upload_model(d.url, gguf, "tiny")
+        body = {"model": "tiny", "prompt": "go on", "options": {"num_predict": -2, "temperature": 0}}
+        streams, clients = [], []
+        for _ in range(2):  # one running, one waiting: the queue (1) is full
+            c = httpx.Client(base_url=d.url, timeout=60)
+            cm = c.stream("POST", "/api/generate", json=body)
+            r = cm.__enter__()
+            assert r.status_code == 200
+            clients.append(c)
+            streams.append(cm)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            s = d.ctx.manager.models[MODEL].engine.stats()
+            if s.running == 1 and s.waiting == 1:
+                break
+            time.sleep(0.02)
+        r = httpx.post(d.url + "/api/generate", json={**body, "stream": False}, timeout=30)
+        _err(r, 503, "server busy, please try again.  maximum pending requests exceeded")
+        for cm in streams:
+            cm.__exit__(None, None, None)
+        for c in clients:
+            c.close()
+        deadline = time.monotonic() + 10
+        while kv_used(d, MODEL) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ok = httpx.post(d.url + "/api/generate", json={"model": "tiny", "prompt": "x", "stream": False,
+                                                         "options": {"num_predict": 2}}, timeout=30)
+        assert ok.status_code == 200
+    finally:
+        d.stop()
+
+
+def test_port_taken_is_a_clear_message(daemon: Daemon) -> None:
+    port = daemon.url.rsplit(":", 1)[1]
+    env = {**os.environ, "EVENFLOW_HOST": f"127.0.0.1:{port}", "EVENFLOW_NO_DEMO": "1",
+           "EVENFLOW_MODELS": str(Path(daemon.ctx.settings.models))}
+    out = subprocess.run([sys.executable, "-m", "evenflow.clients.cli", "serve"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0
+    assert "already in use" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sigterm_shuts_down_gracefully(tmp_path: Path, synthetic_model) -> None:
+    from evenflow.daemon.store import ModelStore
+
+    # 8k context at CPU speed outlasts the 5 s grace period: the abort path runs and ends the stream cleanly
+    gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True,
+                                max_position_embeddings=8192)["gguf"])
+    store = ModelStore(tmp_path / "models")
+    digest = store.add_blob_file(gguf)
+    list(store.create("tiny", files={gguf.name: digest}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "EVENFLOW_HOST": f"127.0.0.1:{port}", "EVENFLOW_NO_DEMO": "1",
+           "EVENFLOW_MODELS": str(tmp_path / "models"), "EVENFLOW_BACKEND": BACKENDS[0],
+           "EVENFLOW_CONTEXT_LENGTH": "8192"}
+    proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        got: list[dict] = []
+
+        def consume() -> None:
+            body = {"model": "tiny", "prompt": "long", "options": {"num_predict": -2, "temperature": 0}}
+            with httpx.stream("POST", url + "/api/generate", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    got.append(json.loads(line))
+
+        t = threading.Thread(target=consume)
+        t.start()
+        while not got and t.is_alive():
+            time.sleep(0.02)
+        proc.terminate()  # SIGTERM
+        t.join(30)
+        assert not t.is_alive() and len(got) > 1  # the stream ended, it did not hang
+        assert "shutting down" in got[-1].get("error", "")  # aborted after the grace period, with a final line
+        assert proc.wait(30) == 0
+        _, err = proc.communicate(timeout=5)
+        assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -114,6 +114,9 @@ class RunnerSettings:
     device: str = "auto"  # torch: auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     num_threads: int | None = None  # None = physical cores
+    # llama.cpp: auto | on | off. Its CPU flash-attention kernel rounds Q.K through f16, so logits then
+    # depend (at ~1e-3) on how many queries share a pass; "off" makes chunked == monolithic exactly.
+    flash_attention: str = "auto"
 
 
 @runtime_checkable

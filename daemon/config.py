@@ -138,6 +138,12 @@ def _int_min(lo: int) -> Callable[[str], int]:
     return parse
 
 
+def _target_itl(text: str) -> float | None:
+    if text.strip().lower() == "auto":
+        return None
+    return _float_min(0.0)(text)
+
+
 def _float_min(lo: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         v = float(text.strip())
@@ -205,9 +211,10 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("prefill", ("EVENFLOW_PREFILL",), _choice("chunked", "monolithic"), "chunked or monolithic",
                 "prefill scheduling mode"),
     SettingSpec("max_batched_tokens", ("EVENFLOW_MAX_BATCHED_TOKENS",), _int_min(1), "an integer >= 1",
-                "token budget per engine step"),
-    SettingSpec("target_itl_ms", ("EVENFLOW_TARGET_ITL_MS",), _float_min(0.0), "a number >= 0 (milliseconds)",
-                "inter-token latency target of the adaptive budget (0 = fixed budget)"),
+                "token budget per engine step (fixed policy); the largest step (adaptive policy)"),
+    SettingSpec("target_itl_ms", ("EVENFLOW_TARGET_ITL_MS",), _target_itl, "auto or a number >= 0 (milliseconds)",
+                "inter-token latency target of the adaptive budget (auto = 50 on a GPU, 150 on a CPU; "
+                "0 = the fixed budget)"),
     SettingSpec("max_seqs", ("EVENFLOW_MAX_SEQS",), _int_min(1), "an integer >= 1",
                 "sequence slots per loaded model"),
     SettingSpec("num_threads", ("EVENFLOW_NUM_THREADS",), _int_min(0), "an integer >= 0 (0 = physical cores)",
@@ -247,7 +254,7 @@ class Settings:
     device: str = "auto"
     prefill: str = "chunked"
     max_batched_tokens: int = 512
-    target_itl_ms: float = 0.0
+    target_itl_ms: float | None = None  # None = auto, by device
     max_seqs: int = 8
     num_threads: int = 0
     log_content: bool = False

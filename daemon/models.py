@@ -224,7 +224,9 @@ class ModelManager:
         if record.context_length:
             want = min(want, record.context_length)
         backend = s.backend if s.backend != "auto" else auto_backend()
-        rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=s.max_batched_tokens,
+        # Monolithic prefill puts a whole prompt in one forward: the backend's step limit must cover the window.
+        step_cap = max(want, s.max_batched_tokens) if s.prefill == "monolithic" else s.max_batched_tokens
+        rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,
                             device=s.device, num_threads=s.num_threads or None)
         t0 = time.perf_counter_ns()
         log.info("loading %s from %s with %s (num_ctx %d, %d slots)", record.name, record.path, backend, want, self.slots)
@@ -235,7 +237,7 @@ class ModelManager:
         except (OSError, ValueError, RuntimeError) as e:
             raise APIError(500, f"failed to load model {record.name!r} with backend {backend}: {e}") from None
         ctx = min(want, int(runner.info.context_length))
-        cfg = EngineConfig(prefill_mode=s.prefill, max_num_batched_tokens=s.max_batched_tokens,
+        cfg = EngineConfig(prefill_mode=s.prefill, max_num_batched_tokens=step_cap,
                            max_num_seqs=self.slots, target_itl_ms=s.target_itl_ms, max_queue=s.max_queue,
                            context_length=ctx)
         engine = Engine(runner, cfg, name=record.name)

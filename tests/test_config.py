@@ -102,3 +102,11 @@ def test_cli_lists_every_setting_and_exits_2_on_bad_value() -> None:
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "--max-queue" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_target_itl_defaults_to_auto_and_rejects_words() -> None:
+    assert load_settings({}).target_itl_ms is None
+    assert load_settings({"EVENFLOW_TARGET_ITL_MS": "auto"}).target_itl_ms is None
+    assert load_settings({"EVENFLOW_TARGET_ITL_MS": "0"}).target_itl_ms == 0.0
+    with pytest.raises(ConfigError, match="EVENFLOW_TARGET_ITL_MS"):
+        load_settings({"EVENFLOW_TARGET_ITL_MS": "fast"})

@@ -25,6 +25,7 @@ from .tokenizer import LlamaCppTokenizer
 log = logging.getLogger(__name__)
 
 # settings.dtype picks the KV-cache element type here (weights keep the GGUF's own types)
+_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 _KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30}  # GGML_TYPE_F16 / F32 / BF16
 KV_RAM_FRACTION = 0.25  # default KV budget when the engine gives none: a quarter of physical RAM
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
@@ -139,6 +140,9 @@ class LlamaCppRunner:
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.no_perf = True
         cp.type_k = cp.type_v = _KV_TYPES[settings.dtype]
+        if settings.flash_attention not in _FLASH_ATTN:
+            raise ValueError(f"flash_attention={settings.flash_attention!r}; allowed: {', '.join(_FLASH_ATTN)}")
+        cp.flash_attn_type = _FLASH_ATTN[settings.flash_attention]
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:
             raise ModelLoadError(

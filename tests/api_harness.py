@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import threading
 import time
@@ -15,8 +16,11 @@ import uvicorn
 from evenflow.daemon.config import Settings, load_settings
 from evenflow.daemon.server import AppContext, bind_socket, create_app
 
-# The lead runs every backend with EVENFLOW_TEST_BACKENDS=torch,llamacpp; the default keeps CI fast.
-BACKENDS = [b.strip() for b in os.environ.get("EVENFLOW_TEST_BACKENDS", "torch").split(",") if b.strip()]
+# Every installed backend serves the API tests (the official clients end to end through each);
+# EVENFLOW_TEST_BACKENDS=torch narrows it.
+_MODULES = {"torch": "torch", "llamacpp": "llama_cpp", "mlx": "mlx"}
+BACKENDS = [b.strip() for b in os.environ.get("EVENFLOW_TEST_BACKENDS", "torch,llamacpp,mlx").split(",")
+            if b.strip() and importlib.util.find_spec(_MODULES.get(b.strip(), b.strip())) is not None]
 
 
 @dataclass

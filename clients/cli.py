@@ -226,10 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stop", help="unload a model")
     st.add_argument("model")
     st.set_defaults(func=cmd_stop)
+    sub.add_parser("bench", help="load generator: stall / poisson / sweep against any server (see `evenflow bench -h`)",
+                   add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":  # its own parser, with its own subcommands
+        from .bench_cli import main as bench_main  # noqa: PLC0415 - rich/matplotlib only when benchmarking
+
+        sys.exit(bench_main(argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -65,7 +65,7 @@ def evenflow_daemon(store: Path, threads: int, ctx: int, env: dict[str, str]) ->
     port = free_port()
     full = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(store),
             "EVENFLOW_BACKEND": "llamacpp", "EVENFLOW_NUM_THREADS": str(threads), "OLLAMA_CONTEXT_LENGTH": str(ctx),
-            "OLLAMA_KEEP_ALIVE": "-1", "EVENFLOW_MAX_SEQS": "9", "EVENFLOW_OLLAMA_STORES": "", **env}
+            "OLLAMA_KEEP_ALIVE": "-1", "EVENFLOW_MAX_SEQS": "9", **env}
     log = open(HERE / "perf_suite_daemon.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve", "--no-demo"], env=full,
                             stdout=log, stderr=subprocess.STDOUT)

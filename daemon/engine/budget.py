@@ -6,6 +6,7 @@ policy lives beside it and is chosen by `make_budget_policy`.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,14 +19,14 @@ class StepCost:
 
     num_decodes: int
     prefill_tokens: int
-    context_tokens: int  # sum over spans of tokens attended (cached prefix + new), a proxy for attention cost
+    attention_work: int  # (query, key) pairs attended, summed over spans: what grows with context
     seconds: float
 
 
 class BudgetPolicy(Protocol):
-    def prefill_budget(self, num_decodes: int, decode_context: int, prefill_start: int = 0) -> int:
-        """Prompt tokens this step may take, given its decodes, their summed context length and the
-        cached prefix of the first prompt in line."""
+    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0) -> int:
+        """Prompt tokens this step may take, given its decodes, their attention work (summed context
+        lengths) and the cached prefix of the first prompt in line."""
         ...
 
     def observe(self, cost: StepCost) -> None:
@@ -38,7 +39,7 @@ class FixedBudget:
     def __init__(self, max_num_batched_tokens: int) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens
 
-    def prefill_budget(self, num_decodes: int, decode_context: int, prefill_start: int = 0) -> int:
+    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0) -> int:
         return max(0, self.max_num_batched_tokens - num_decodes)
 
     def observe(self, cost: StepCost) -> None:
@@ -49,9 +50,12 @@ class AdaptiveBudget:
     """Sizes each prompt chunk so the step stays under a target inter-token latency.
 
     Cost model, refitted by least squares over a sliding window of measured steps:
-        step_seconds ~= a + b*decodes + c*prefill_tokens + d*context_tokens
-    where context_tokens sums, over the step's spans, the tokens attended (cached prefix + new). The
-    chunk is the largest P with a + b*D + d*(ctx_D + start + P) + c*P <= margin*target, rounded down to
+        step_seconds ~= a + b*decodes + c*prefill_tokens + d*attention_work
+    where attention_work counts the (query, key) pairs attended: a decode at context n adds n, a chunk of
+    P tokens after s cached ones adds P*s + P(P+1)/2, so a chunk deep into a long prompt costs more than
+    the same chunk at its start. The chunk is the largest P with
+        a + b*D + d*(W_D + P*s + P(P+1)/2) + c*P <= margin*target
+    (a quadratic in P), rounded down to
     a multiple of `tile` (16 on GPUs, where GEMMs run in tile waves and 257 rows cost like 272; 1 on
     CPUs, whose matmul cost is linear in rows, where rounding 28 down to 16 would waste 40% of the
     step), never below `floor` so ingestion always progresses. With no decodes
@@ -77,23 +81,28 @@ class AdaptiveBudget:
         self._probe = self.floor
         self._since_fit = 0
 
-    def prefill_budget(self, num_decodes: int, decode_context: int, prefill_start: int = 0) -> int:
+    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0) -> int:
         room = self.max_tokens - num_decodes
         if num_decodes == 0:
             return room
         if self.coef is None:
             return max(self.floor, min(self._probe, room))
         a, b, c, d = self.coef
-        fixed = a + b * num_decodes + d * (decode_context + prefill_start)
-        per_token = c + d
-        chunk = (self.margin * self.target - fixed) / per_token if per_token > 0 else room
-        chunk = int(chunk) // self.tile * self.tile
+        slack = self.margin * self.target - (a + b * num_decodes + d * decode_work)
+        lin = c + d * (prefill_start + 0.5)  # cost per chunk token, plus d/2 per token squared
+        if slack <= 0:
+            chunk = 0.0
+        elif d > 0:
+            chunk = (-lin + math.sqrt(lin * lin + 2.0 * d * slack)) / d
+        else:
+            chunk = slack / lin if lin > 0 else room
+        chunk = int(min(chunk, room)) // self.tile * self.tile
         return max(min(self.floor, room), min(chunk, room))
 
     def observe(self, cost: StepCost) -> None:
         if cost.num_decodes == 0 and cost.prefill_tokens == 0:
             return
-        self._rows.append((1.0, cost.num_decodes, cost.prefill_tokens, cost.context_tokens))
+        self._rows.append((1.0, cost.num_decodes, cost.prefill_tokens, cost.attention_work))
         self._y.append(cost.seconds)
         if cost.num_decodes and self.coef is None:
             over = cost.seconds > self.margin * self.target
@@ -120,7 +129,7 @@ class AdaptiveBudget:
         self.coef = np.maximum(coef, 0.0)
         self._since_fit = 0
 
-    def predict(self, num_decodes: int, prefill_tokens: int, context_tokens: int) -> float:
+    def predict(self, num_decodes: int, prefill_tokens: int, attention_work: int) -> float:
         if self.coef is None:
             return float("nan")
-        return float(self.coef @ np.array([1.0, num_decodes, prefill_tokens, context_tokens]))
+        return float(self.coef @ np.array([1.0, num_decodes, prefill_tokens, attention_work]))

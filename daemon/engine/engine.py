@@ -287,7 +287,7 @@ class Engine:
                 [penalty_history(q) for q in seqs])
             for seq, tok in zip(seqs, toks.tolist()):
                 self._commit(seq, int(tok))
-        self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.context_tokens, dt))
+        self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, dt))
         self._publish_step(plan, dt)
 
     def _commit(self, seq: Sequence, tok: int) -> None:
@@ -359,7 +359,7 @@ class Engine:
         self._emit({
             "type": "step", "time": time.time(), "model": self.name, "decodes": plan.num_decodes,
             "prefill_tokens": plan.prefill_tokens, "prefill_seqs": len(plan.spans) - plan.num_decodes,
-            "context_tokens": plan.context_tokens,
+            "attention_work": plan.attention_work,
             "step_ms": dt * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
             "kv_total": self.blocks.num_blocks, "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),

@@ -15,6 +15,11 @@ from .kv import BlockManager, SlotPool
 from .sequence import Sequence, Status
 
 
+def attention_pairs(start: int, n: int) -> int:
+    """Causal (query, key) pairs for n new tokens after `start` cached ones."""
+    return n * start + n * (n + 1) // 2
+
+
 @dataclass
 class ScheduledSpan:
     seq: Sequence
@@ -38,8 +43,9 @@ class StepPlan:
         return sum(s.num_tokens for s in self.spans)
 
     @property
-    def context_tokens(self) -> int:
-        return sum(s.seq.num_computed + s.num_tokens for s in self.spans)
+    def attention_work(self) -> int:
+        """(query, key) pairs attended this step: the part of a step's cost that grows with context."""
+        return sum(attention_pairs(s.seq.num_computed, s.num_tokens) for s in self.spans)
 
     def to_batch(self, block_size: int) -> Batch:
         return Batch.from_spans(
@@ -96,11 +102,11 @@ class Scheduler:
             plan.spans.append(ScheduledSpan(seq, 1))
             scheduled.add(seq.seq_id)
             plan.num_decodes += 1
-        decode_context = sum(s.seq.num_computed + 1 for s in plan.spans)
+        decode_work = sum(s.seq.num_computed + 1 for s in plan.spans)
         nxt = next((s for s in self.running if s.seq_id not in scheduled and s.status is Status.RUNNING), None)
         if nxt is None and self.waiting:
             nxt = self.waiting[0]
-        allowance = self.policy.prefill_budget(plan.num_decodes, decode_context, nxt.num_computed) if nxt else 0
+        allowance = self.policy.prefill_budget(plan.num_decodes, decode_work, nxt.num_computed) if nxt else 0
         hard_left = (self.config.max_step_tokens - plan.num_decodes) if self.config.max_step_tokens else None
         plan.budget = plan.num_decodes + allowance
         monolithic = self.config.prefill_mode == "monolithic"

@@ -119,7 +119,7 @@ class StepRecorder:
 
 def fit_step_cost(steps: list[dict]) -> np.ndarray | None:
     """Least squares t = a + b*decodes + c*prefill + d*context over measured steps with decodes > 0."""
-    rows = [(1.0, s["decodes"], s["prefill_tokens"], s.get("context_tokens", 0), s["step_ms"] / 1e3)
+    rows = [(1.0, s["decodes"], s["prefill_tokens"], s.get("attention_work", 0), s["step_ms"] / 1e3)
             for s in steps if s["decodes"] > 0]
     if len(rows) < 8:
         return None
@@ -128,15 +128,19 @@ def fit_step_cost(steps: list[dict]) -> np.ndarray | None:
     return coef
 
 
-def frontier_ttft(coef: np.ndarray, target_s: float, prompt_len: int, decodes: int, decode_ctx: int) -> float:
+def frontier_ttft(coef: np.ndarray, target_s: float, prompt_len: int, decodes: int, decode_work: int) -> float:
     """TTFT if every step took the largest chunk the fitted cost allows under the target (no margin)."""
     a, b, c, d = coef
+
+    def cost(done: int, chunk: int) -> float:
+        return a + b * decodes + c * chunk + d * (decode_work + chunk * done + chunk * (chunk + 1) / 2)
+
     done, t = 0, 0.0
     while done < prompt_len:
-        fixed = a + b * decodes + d * (decode_ctx + done)
-        chunk = max(1, int((target_s - fixed) / max(c + d, 1e-9)))
-        chunk = min(chunk, prompt_len - done)
-        t += fixed + (c + d) * chunk
+        chunk = 1
+        while chunk < prompt_len - done and cost(done, chunk + 1) <= target_s:
+            chunk += 1
+        t += cost(done, chunk)
         done += chunk
     return t
 
@@ -178,7 +182,7 @@ def memory_bandwidth_gbs() -> float:
 def stall_row(res, label: str, extra: dict[str, Any]) -> dict[str, Any]:
     d = res.to_dict()
     w = d["stall"]["windows"] or {}
-    return {"config": label, **extra, "before": w.get("before", {}), "during": w.get("during", {}),
+    return {"config": label, **extra, "before": w.get("before_ms", {}), "during": w.get("during_ms", {}),
             "ttft_s": (d["stall"]["long_ttft_ms"] or float("nan")) / 1e3,
             "long_prompt_tokens": d["stall"]["long_prompt_tokens"], "warnings": d["warnings"]}
 
@@ -249,7 +253,7 @@ def main() -> None:
                 coef = fit_step_cost(steps)
                 if coef is not None and target:
                     dec = [s for s in steps if s["decodes"] == args.streams and s["prefill_tokens"] == 0]
-                    dctx = int(np.median([s["context_tokens"] for s in dec])) if dec else 0
+                    dctx = int(np.median([s["attention_work"] for s in dec])) if dec else 0
                     row["frontier_ttft_s"] = frontier_ttft(coef, target / 1e3, row["long_prompt_tokens"] or L,
                                                            args.streams, dctx)
                     row["step_cost_fit"] = coef.tolist()

@@ -61,7 +61,9 @@ class AdaptiveBudget:
     step), never below `floor` so ingestion always progresses. With no decodes
     in the step nobody is waiting on a token, so the prompt runs at full speed (`max_tokens`).
     Limits: the model is linear, so a backend whose cost jumps at tile/ubatch boundaries is fitted on
-    average (the margin absorbs that and timing noise); until enough distinct steps are seen, chunks
+    average (the margin and one residual standard deviation absorb that and timing noise); a chunk never
+    exceeds 1.5x the largest chunk measured in the window (no blind extrapolation); until enough distinct
+    steps are seen, chunks
     grow geometrically from the floor to probe the curve; the window forgets old steps, so the fit
     follows a cost that changes (thermal throttling, another process on the machine).
     """
@@ -78,6 +80,7 @@ class AdaptiveBudget:
         self._rows: collections.deque[tuple[float, float, float, float]] = collections.deque(maxlen=window)
         self._y: collections.deque[float] = collections.deque(maxlen=window)
         self.coef: np.ndarray | None = None  # (a, b, c, d) once fitted
+        self.noise = 0.0  # residual standard deviation of the fit, seconds
         self._probe = self.floor
         self._since_fit = 0
 
@@ -88,7 +91,7 @@ class AdaptiveBudget:
         if self.coef is None:
             return max(self.floor, min(self._probe, room))
         a, b, c, d = self.coef
-        slack = self.margin * self.target - (a + b * num_decodes + d * decode_work)
+        slack = self.margin * self.target - self.noise - (a + b * num_decodes + d * decode_work)
         lin = c + d * (prefill_start + 0.5)  # cost per chunk token, plus d/2 per token squared
         if slack <= 0:
             chunk = 0.0
@@ -96,6 +99,9 @@ class AdaptiveBudget:
             chunk = (-lin + math.sqrt(lin * lin + 2.0 * d * slack)) / d
         else:
             chunk = slack / lin if lin > 0 else room
+        # Trust region: never extrapolate far beyond the chunk sizes the fit has actually measured.
+        measured = max((r[2] for r in self._rows if r[1] > 0), default=0)
+        chunk = min(chunk, max(self.floor, 1.5 * measured))
         chunk = int(min(chunk, room)) // self.tile * self.tile
         return max(min(self.floor, room), min(chunk, room))
 
@@ -104,11 +110,12 @@ class AdaptiveBudget:
             return
         self._rows.append((1.0, cost.num_decodes, cost.prefill_tokens, cost.attention_work))
         self._y.append(cost.seconds)
-        if cost.num_decodes and self.coef is None:
+        if cost.num_decodes and cost.prefill_tokens and self.coef is None:
+            # Probing before the fit: only mixed steps say anything about the prompt-token cost.
             over = cost.seconds > self.margin * self.target
             self._probe = max(self.floor, self._probe // 2) if over else min(self._probe * 2, self.max_tokens)
         self._since_fit += 1
-        if len(self._y) >= 8 and (self.coef is None or self._since_fit >= 4):
+        if len(self._y) >= 4 and (self.coef is None or self._since_fit >= 4):
             self._fit()
 
     def _fit(self) -> None:
@@ -127,6 +134,10 @@ class AdaptiveBudget:
             coef = np.zeros(4)
             coef[keep] = sub
         self.coef = np.maximum(coef, 0.0)
+        # Timing noise: aim one residual standard deviation below the target so the tail, not just the
+        # mean, stays under it.
+        resid = (y - X @ self.coef)[X[:, 2] > 0]  # the steps that carried a chunk are the ones we size
+        self.noise = float(np.sqrt(np.mean(resid ** 2))) if len(resid) >= 3 else 0.0
         self._since_fit = 0
 
     def predict(self, num_decodes: int, prefill_tokens: int, attention_work: int) -> float:

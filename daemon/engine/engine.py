@@ -254,6 +254,7 @@ class Engine:
                     fut.set_exception(e)
 
     def _step(self) -> None:
+        t_start = time.perf_counter()
         plan = self.scheduler.schedule()
         if not plan.spans:
             # Blocked (e.g. waiting on KV with nothing running cannot happen, but be safe): let time pass.
@@ -287,8 +288,11 @@ class Engine:
                 [penalty_history(q) for q in seqs])
             for seq, tok in zip(seqs, toks.tolist()):
                 self._commit(seq, int(tok))
-        self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, dt))
-        self._publish_step(plan, dt)
+        # The policy sees the whole iteration (scheduling, forward, sampling, streaming out): that is the gap a
+        # decoding stream observes between its tokens.
+        total = time.perf_counter() - t_start
+        self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, total))
+        self._publish_step(plan, total, dt)
 
     def _commit(self, seq: Sequence, tok: int) -> None:
         now = time.perf_counter_ns()
@@ -353,14 +357,14 @@ class Engine:
             except Exception:  # noqa: BLE001 - a broken subscriber must not stop the engine
                 log.exception("event subscriber failed")
 
-    def _publish_step(self, plan: StepPlan, dt: float) -> None:
+    def _publish_step(self, plan: StepPlan, dt: float, forward: float) -> None:
         if not self._subscribers:
             return
         self._emit({
             "type": "step", "time": time.time(), "model": self.name, "decodes": plan.num_decodes,
             "prefill_tokens": plan.prefill_tokens, "prefill_seqs": len(plan.spans) - plan.num_decodes,
             "attention_work": plan.attention_work,
-            "step_ms": dt * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
+            "step_ms": dt * 1e3, "forward_ms": forward * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
             "kv_total": self.blocks.num_blocks, "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),
         })

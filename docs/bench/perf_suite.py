@@ -195,6 +195,7 @@ def main() -> None:
     ap.add_argument("--targets", default="100,150,250")
     ap.add_argument("--budgets", default="16,64,256")
     ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--only", default=None, help="run only the configurations whose label contains this text")
     args = ap.parse_args()
     lengths = [2048] if args.quick else [int(x) for x in args.lengths.split(",")]
     targets = [150] if args.quick else [int(x) for x in args.targets.split(",")]
@@ -244,7 +245,12 @@ def main() -> None:
               flush=True)
         return row
 
+    def wanted(label: str) -> bool:
+        return args.only is None or args.only in label
+
     for label, env, target in ev_configs():
+        if not wanted(label):
+            continue
         with evenflow_daemon(store, args.threads, ctx, env) as url:
             for L in lengths:
                 rec = StepRecorder(url)
@@ -260,25 +266,31 @@ def main() -> None:
                 out["stall"].append(row)
             if label.startswith("evenflow adaptive 150") or label == "evenflow monolithic":
                 for L in lengths:
+                    if L not in cals:
+                        continue
                     out["ttft_alone"].append({"config": label, "L": L, "ttft_s": asyncio.run(ttft_alone(url, MODEL, cals[L], L))})
             if label.startswith("evenflow adaptive 150"):
                 for n in (1, 4, 8):
                     out["throughput"].append({"config": "evenflow", "streams": n, "tok_s": asyncio.run(throughput(url, MODEL, n))})
     for label, nb, nub in ls_configs:
+        if not wanted(label):
+            continue
         with llama_server(gguf, n_batch=nb, n_ubatch=nub, slots=args.streams + 1, ctx_per_slot=ctx,
-                          threads=args.threads) as url:
+                          threads=args.threads, verbosity=0) as url:
             for L in lengths:
                 out["stall"].append(stall(url, L, label, {"L": L, "n_batch": nb}))
             if nb == 2048:
-                for L in lengths:
+                for L in [x for x in lengths if x in cals]:
                     out["ttft_alone"].append({"config": label, "L": L,
                                               "ttft_s": asyncio.run(ttft_alone(url, None or "bench", cals[L], L))})
         if nb == 2048:
-            with llama_server(gguf, n_batch=nb, n_ubatch=nub, slots=9, ctx_per_slot=1024, threads=args.threads) as url:
+            with llama_server(gguf, n_batch=nb, n_ubatch=nub, slots=9, ctx_per_slot=1024, threads=args.threads,
+                              verbosity=0) as url:
                 for n in (1, 4, 8):
                     out["throughput"].append({"config": "llama-server", "streams": n,
                                               "tok_s": asyncio.run(throughput(url, "bench", n))})
-    (HERE / "perf_suite.json").write_text(json.dumps(out, indent=2, default=float))
+    out_path = HERE / ("perf_suite.json" if args.only is None and not args.quick else "perf_suite_partial.json")
+    out_path.write_text(json.dumps(out, indent=2, default=float))
     print(json.dumps(out["ttft_alone"], indent=1), json.dumps(out["throughput"], indent=1))
 
 

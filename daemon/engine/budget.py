@@ -49,12 +49,14 @@ class FixedBudget:
 class AdaptiveBudget:
     """Sizes each prompt chunk so the step stays under a target inter-token latency.
 
-    Cost model, refitted by least squares over a sliding window of measured steps:
-        step_seconds ~= a + b*decodes + c*prefill_tokens + d*attention_work
+    Cost model, refitted every step by least squares over a sliding window of measured steps, recent ones
+    weighted more:
+        step_seconds ~= a + b*decodes + e*[prefill_tokens > 0] + c*prefill_tokens + d*attention_work
     where attention_work counts the (query, key) pairs attended: a decode at context n adds n, a chunk of
     P tokens after s cached ones adds P*s + P(P+1)/2, so a chunk deep into a long prompt costs more than
-    the same chunk at its start. The chunk is the largest P with
-        a + b*D + d*(W_D + P*s + P(P+1)/2) + c*P <= margin*target
+    the same chunk at its start; e is the fixed price of a step carrying any chunk (llama.cpp switches to
+    its batched kernels). The chunk is the largest P with
+        a + b*D + e + d*(W_D + P*s + P(P+1)/2) + c*P <= margin*target
     (a quadratic in P), rounded down to
     a multiple of `tile` (16 on GPUs, where GEMMs run in tile waves and 257 rows cost like 272; 1 on
     CPUs, whose matmul cost is linear in rows, where rounding 28 down to 16 would waste 40% of the
@@ -62,7 +64,8 @@ class AdaptiveBudget:
     in the step nobody is waiting on a token, so the prompt runs at full speed (`max_tokens`).
     Limits: the model is linear, so a backend whose cost jumps at tile/ubatch boundaries is fitted on
     average (the margin and one residual standard deviation absorb that and timing noise); a chunk never
-    exceeds 1.5x the largest chunk measured in the window (no blind extrapolation); until enough distinct
+    exceeds 1.5x the largest chunk measured in the window (no blind extrapolation) and is halved for one step
+    when the number of decodes changed since the last mixed step; until enough distinct
     steps are seen, chunks
     grow geometrically from the floor to probe the curve; the window forgets old steps, so the fit
     follows a cost that changes (thermal throttling, another process on the machine).
@@ -77,12 +80,13 @@ class AdaptiveBudget:
         self.floor = max(1, min(floor, max_tokens))
         self.margin = margin
         self.tile = max(1, tile)
-        self._rows: collections.deque[tuple[float, float, float, float]] = collections.deque(maxlen=window)
+        self._rows: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
         self._y: collections.deque[float] = collections.deque(maxlen=window)
-        self.coef: np.ndarray | None = None  # (a, b, c, d) once fitted
+        self.coef: np.ndarray | None = None  # (a, b, e, c, d) once fitted
         self.noise = 0.0  # residual standard deviation of the fit, seconds
         self._probe = self.floor
-        self._since_fit = 0
+        self.decay = 0.95
+        self._last_mix_decodes = -1
 
     def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0) -> int:
         room = self.max_tokens - num_decodes
@@ -90,8 +94,8 @@ class AdaptiveBudget:
             return room
         if self.coef is None:
             return max(self.floor, min(self._probe, room))
-        a, b, c, d = self.coef
-        slack = self.margin * self.target - self.noise - (a + b * num_decodes + d * decode_work)
+        a, b, e, c, d = self.coef
+        slack = self.margin * self.target - self.noise - (a + b * num_decodes + e + d * decode_work)
         lin = c + d * (prefill_start + 0.5)  # cost per chunk token, plus d/2 per token squared
         if slack <= 0:
             chunk = 0.0
@@ -99,48 +103,59 @@ class AdaptiveBudget:
             chunk = (-lin + math.sqrt(lin * lin + 2.0 * d * slack)) / d
         else:
             chunk = slack / lin if lin > 0 else room
-        # Trust region: never extrapolate far beyond the chunk sizes the fit has actually measured.
-        measured = max((r[2] for r in self._rows if r[1] > 0), default=0)
+        # Trust region: never extrapolate far beyond the chunk sizes the fit has actually measured, and when
+        # the number of decodes differs from the last mixed step's, take half a step to validate the fit first.
+        measured = max((r[3] for r in self._rows if r[1] > 0), default=0)
         chunk = min(chunk, max(self.floor, 1.5 * measured))
+        if num_decodes != self._last_mix_decodes:
+            chunk /= 2
         chunk = int(min(chunk, room)) // self.tile * self.tile
         return max(min(self.floor, room), min(chunk, room))
 
     def observe(self, cost: StepCost) -> None:
         if cost.num_decodes == 0 and cost.prefill_tokens == 0:
             return
-        self._rows.append((1.0, cost.num_decodes, cost.prefill_tokens, cost.attention_work))
+        self._rows.append(self._features(cost.num_decodes, cost.prefill_tokens, cost.attention_work))
         self._y.append(cost.seconds)
+        if cost.num_decodes and cost.prefill_tokens:
+            self._last_mix_decodes = cost.num_decodes
         if cost.num_decodes and cost.prefill_tokens and self.coef is None:
             # Probing before the fit: only mixed steps say anything about the prompt-token cost.
             over = cost.seconds > self.margin * self.target
             self._probe = max(self.floor, self._probe // 2) if over else min(self._probe * 2, self.max_tokens)
-        self._since_fit += 1
-        if len(self._y) >= 4 and (self.coef is None or self._since_fit >= 4):
-            self._fit()
+        if len(self._y) >= 4:
+            self._fit()  # a 96x4 least squares costs tens of microseconds: refit every step
 
     def _fit(self) -> None:
         X = np.array(self._rows)
         y = np.array(self._y)
-        if np.linalg.matrix_rank(X) < 3 or len(set(X[:, 2])) < 2:
+        if np.linalg.matrix_rank(X) < 3 or len(set(X[:, 3])) < 2:
             return  # not enough variety in chunk sizes yet to separate the prefill cost
-        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-        # Costs cannot be negative; a negative coefficient is noise, refit without that term.
-        for _ in range(3):
-            neg = coef < 0
-            if not neg.any():
-                break
-            keep = ~neg
-            sub, *_ = np.linalg.lstsq(X[:, keep], y, rcond=None)
-            coef = np.zeros(4)
+        # Recent steps weigh more (half-life ~14 steps), so the fit follows the cost of what runs now.
+        w = np.sqrt(self.decay ** np.arange(len(y))[::-1])
+        scale = np.maximum(np.abs(X).max(axis=0), 1e-12)  # columns span 1..1e6: normalise for lstsq
+        Xs = X / scale
+        keep = np.ones(X.shape[1], dtype=bool)
+        for _ in range(X.shape[1]):
+            sub, *_ = np.linalg.lstsq(Xs[:, keep] * w[:, None], y * w, rcond=None)
+            coef = np.zeros(X.shape[1])
             coef[keep] = sub
-        self.coef = np.maximum(coef, 0.0)
+            if not (coef < 0).any():
+                break
+            keep &= coef >= 0  # a negative cost is noise: refit without that term
+        self.coef = np.maximum(coef, 0.0) / scale
         # Timing noise: aim one residual standard deviation below the target so the tail, not just the
-        # mean, stays under it.
-        resid = (y - X @ self.coef)[X[:, 2] > 0]  # the steps that carried a chunk are the ones we size
-        self.noise = float(np.sqrt(np.mean(resid ** 2))) if len(resid) >= 3 else 0.0
-        self._since_fit = 0
+        # mean, stays under it; measured on the steps that carried a chunk, the ones being sized.
+        mixed = X[:, 3] > 0
+        resid = (y - X @ self.coef)[mixed]
+        wm = (w ** 2)[mixed]
+        self.noise = float(np.sqrt(np.sum(wm * resid ** 2) / np.sum(wm))) if len(resid) >= 3 else 0.0
+
+    @staticmethod
+    def _features(num_decodes: int, prefill_tokens: int, attention_work: int) -> tuple[float, ...]:
+        return (1.0, num_decodes, float(prefill_tokens > 0), prefill_tokens, attention_work)
 
     def predict(self, num_decodes: int, prefill_tokens: int, attention_work: int) -> float:
         if self.coef is None:
             return float("nan")
-        return float(self.coef @ np.array([1.0, num_decodes, prefill_tokens, attention_work]))
+        return float(self.coef @ np.array(self._features(num_decodes, prefill_tokens, attention_work)))

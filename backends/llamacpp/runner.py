@@ -97,6 +97,8 @@ class LlamaCppRunner:
         mp.use_extra_bufts = self.extra_bufts
         if settings.device == "cpu":
             mp.n_gpu_layers = 0
+        # The engine sizes its default latency target by this (a GPU build offloads layers by default).
+        self.device = "gpu" if L.llama_supports_gpu_offload() and mp.n_gpu_layers != 0 else "cpu"
         model = L.llama_model_load_from_file(self.path.encode(), mp)
         if not model:
             reason = take_recent_errors() or "unsupported architecture or tensor layout"

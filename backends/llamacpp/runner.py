@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import time
 
 import numpy as np
 import llama_cpp.llama_cpp as L
 
 from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
+from ..common.memory import host_kv_budget, plan_num_blocks
 from . import amx
 from .embedder import Embedder
 from .gguf_info import GGUFHeader, kv_bytes_per_token, model_info, read_header
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 # settings.dtype picks the KV-cache element type here (weights keep the GGUF's own types)
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 _KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30}  # GGML_TYPE_F16 / F32 / BF16
-KV_RAM_FRACTION = 0.25  # default KV budget when the engine gives none: a quarter of physical RAM
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
 
 
@@ -40,27 +39,15 @@ def load(model_path: str, settings: RunnerSettings) -> "LlamaCppRunner":
     return LlamaCppRunner(str(model_path), settings)
 
 
-def _physical_ram() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
-
-
 def plan_kv_tokens(settings: RunnerSettings, ctx_len: int, bytes_per_token: int) -> int:
     """n_ctx for the unified cache: the engine's block budget, else max_num_seqs full windows capped by RAM."""
     bs = settings.block_size
-    if settings.num_kv_blocks is not None:
-        if settings.num_kv_blocks <= 0:
-            raise ValueError(f"num_kv_blocks must be positive, got {settings.num_kv_blocks}")
-        return settings.num_kv_blocks * bs
-    want = settings.max_num_seqs * ctx_len
-    cap = int(_physical_ram() * KV_RAM_FRACTION) // max(bytes_per_token, 1)
-    tokens = max(min(want, cap), min(ctx_len, MIN_KV_TOKENS))  # a long chat fits even when RAM is short
-    if tokens < want:
-        log.info("KV cache capped at %d tokens (%d seqs x %d wanted) by the RAM budget", tokens, settings.max_num_seqs,
-                 ctx_len)
-    return max(bs, tokens // bs * bs)
+    blocks = plan_num_blocks(requested=settings.num_kv_blocks, max_num_seqs=settings.max_num_seqs,
+                             context_length=ctx_len, block_size=bs, block_bytes=max(bytes_per_token, 1) * bs,
+                             budget_bytes=host_kv_budget())
+    if settings.num_kv_blocks is None:  # a long chat fits even when RAM is short
+        blocks = max(blocks, -(-min(ctx_len, MIN_KV_TOKENS) // bs))
+    return blocks * bs
 
 
 class LlamaCppRunner:

@@ -10,14 +10,13 @@ The logical layout is [num_blocks, block_size, n_kv, head_dim]; we keep it flatt
 from __future__ import annotations
 
 import logging
-import math
-import os
 
 import mlx.core as mx
 
+from ..common.memory import host_kv_budget
+
 log = logging.getLogger(__name__)
 
-CPU_MEMORY_FRACTION = 0.5  # of MemAvailable: the KV must not push a desktop into swap
 
 
 class PagedKVCache:
@@ -49,39 +48,10 @@ def bytes_per_block(num_layers: int, block_size: int, n_kv_heads: int, head_dim:
     return 2 * num_layers * block_size * n_kv_heads * head_dim * dtype.size
 
 
-def _available_host_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30  # unknown platform: assume a modest desktop
-
-
-def _memory_budget(device: mx.Device, fraction: float) -> int:
+def kv_budget_bytes(device: mx.Device, fraction: float) -> int:
     """Bytes the KV may take: a fraction of Metal's recommended working set left after the weights, else host RAM."""
     if device.type == mx.gpu and mx.metal.is_available():
         info = mx.device_info()
         total = int(info.get("max_recommended_working_set_size", info.get("memory_size", 8 << 30)))
         return max(0, int((total - mx.get_active_memory()) * fraction))
-    return int(_available_host_bytes() * CPU_MEMORY_FRACTION)
-
-
-def plan_num_blocks(*, requested: int | None, max_num_seqs: int, context_length: int, block_size: int,
-                    block_bytes: int, device: mx.Device, memory_fraction: float) -> int:
-    """Blocks to allocate: `requested`, else enough for every slot at full context, capped by memory."""
-    if requested is not None:
-        if requested <= 0:
-            raise ValueError(f"num_kv_blocks={requested} must be a positive int")
-        return requested
-    wanted = max_num_seqs * math.ceil(context_length / block_size)
-    cap = max(1, _memory_budget(device, memory_fraction) // block_bytes)
-    blocks = min(wanted, cap)
-    if blocks < wanted:
-        log.warning("KV cache capped by memory: %d blocks (%d tokens) instead of %d", blocks, blocks * block_size, wanted)
-    return blocks
+    return host_kv_budget()

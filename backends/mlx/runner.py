@@ -16,7 +16,8 @@ import numpy as np
 from ..base import Batch, ModelInfo, RunnerSettings
 from ..common import build_model_info
 from .attention import build_step_attention, check_batch, dense_causal
-from .kv import PagedKVCache, bytes_per_block, plan_num_blocks
+from ..common.memory import plan_num_blocks
+from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
 from .models import build_model
 from .weights import load_weights
 
@@ -80,8 +81,8 @@ class MlxRunner:
         block_bytes = bytes_per_block(self.args.num_hidden_layers, self.block_size, n_kv, hd, self.dtype)
         self.num_kv_blocks = plan_num_blocks(
             requested=settings.num_kv_blocks, max_num_seqs=self.max_num_seqs, context_length=self.context_length,
-            block_size=self.block_size, block_bytes=block_bytes, device=self._mx_device,
-            memory_fraction=settings.kv_memory_fraction,
+            block_size=self.block_size, block_bytes=block_bytes,
+            budget_bytes=kv_budget_bytes(self._mx_device, settings.kv_memory_fraction),
         )
         with mx.stream(self._mx_device):
             self.kv: PagedKVCache | None = PagedKVCache(self.args.num_hidden_layers, self.num_kv_blocks,

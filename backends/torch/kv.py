@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import logging
-import math
-import os
 
 import torch
 
+from ..common.memory import host_kv_budget
+
 log = logging.getLogger(__name__)
 
-CPU_MEMORY_FRACTION = 0.5  # of MemAvailable: the KV must not push a desktop into swap
 
 
 class PagedKVCache:
@@ -37,35 +36,9 @@ def bytes_per_block(num_layers: int, block_size: int, n_kv_heads: int, head_dim:
     return 2 * num_layers * block_size * n_kv_heads * head_dim * elem
 
 
-def _available_host_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30  # unknown platform: assume a modest desktop
-
-
-def plan_num_blocks(*, requested: int | None, max_num_seqs: int, context_length: int, block_size: int,
-                    block_bytes: int, device: torch.device, memory_fraction: float) -> int:
-    """Blocks to allocate: `requested`, else enough for every slot at full context, capped by memory."""
-    if requested is not None:
-        if requested <= 0:
-            raise ValueError(f"num_kv_blocks={requested} must be a positive int")
-        return requested
-    wanted = max_num_seqs * math.ceil(context_length / block_size)
+def kv_budget_bytes(device: torch.device, fraction: float) -> int:
+    """Bytes the KV may take: a fraction of free CUDA memory, else of available host RAM."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = int(free * memory_fraction)
-    else:
-        budget = int(_available_host_bytes() * CPU_MEMORY_FRACTION)
-    cap = max(1, budget // block_bytes)
-    blocks = min(wanted, cap)
-    if blocks < wanted:
-        log.warning("KV cache capped by memory: %d blocks (%d tokens) instead of %d", blocks, blocks * block_size, wanted)
-    return blocks
+        return int(free * fraction)
+    return host_kv_budget()

@@ -10,7 +10,8 @@ import torch
 from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
 from ..common import build_model_info, open_model
 from .attention import build_step_attention, check_batch, dense_causal
-from .kv import PagedKVCache, bytes_per_block, plan_num_blocks
+from ..common.memory import plan_num_blocks
+from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
 from .models import build_model
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,8 @@ class TorchRunner:
         block_bytes = bytes_per_block(self.args.num_hidden_layers, self.block_size, n_kv, hd, self.dtype)
         self.num_kv_blocks = plan_num_blocks(
             requested=settings.num_kv_blocks, max_num_seqs=self.max_num_seqs, context_length=self.context_length,
-            block_size=self.block_size, block_bytes=block_bytes, device=self.device,
-            memory_fraction=settings.kv_memory_fraction,
+            block_size=self.block_size, block_bytes=block_bytes,
+            budget_bytes=kv_budget_bytes(self.device, settings.kv_memory_fraction),
         )
         self.kv: PagedKVCache | None = PagedKVCache(self.args.num_hidden_layers, self.num_kv_blocks, self.block_size,
                                                     n_kv, hd, self.device, self.dtype)

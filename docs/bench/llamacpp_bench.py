@@ -73,7 +73,7 @@ def ours_concurrent(r: LlamaCppRunner, n_seqs: int, prompt_len: int, n_steps: in
             "overhead_us": statistics.median(overheads) * 1e6}
 
 
-def open_llama(path: Path, threads: int, extra_bufts: bool):
+def open_llama(path: Path, threads: int, extra_bufts: bool, flash_attn: bool):
     """llama-cpp-python's high-level Llama on the same file with the same threads and buffer types."""
     import llama_cpp
     import llama_cpp.llama_cpp as L
@@ -88,7 +88,7 @@ def open_llama(path: Path, threads: int, extra_bufts: bool):
     L.llama_model_default_params = params
     try:
         return llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=threads,
-                               n_threads_batch=threads, flash_attn=True, verbose=False)
+                               n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
     finally:
         L.llama_model_default_params = default_params
 
@@ -123,13 +123,15 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--flash-attn", choices=["off", "on"], default="off",
+                    help="for both sides (off = evenflow's default on CPU builds)")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("llamacpp_bench.json"))
     args = ap.parse_args()
     path = args.model or bench_model()
     settings = RunnerSettings(max_num_seqs=8, block_size=BS, num_kv_blocks=8 * 1024 // BS,
-                              max_num_batched_tokens=512, num_threads=args.threads)
+                              max_num_batched_tokens=512, num_threads=args.threads, flash_attention=args.flash_attn)
     r = load(str(path), settings)
-    llm = open_llama(path, args.threads, r.extra_bufts)
+    llm = open_llama(path, args.threads, r.extra_bufts, args.flash_attn == "on")
     prompt = prompt_tokens(r, args.prompt)
     try:
         ours_single(r, prompt[:32], 4)  # warm-up (page in the mmap)
@@ -152,7 +154,7 @@ def main() -> None:
         llm.close()
     result = {
         "model": path.name, "file_type": info.file_type, "parameters": info.parameter_count,
-        "threads": args.threads, "extra_bufts": extra, "cpu": amx.cpu_model(), "python": platform.python_version(),
+        "threads": args.threads, "flash_attn": args.flash_attn, "extra_bufts": extra, "cpu": amx.cpu_model(), "python": platform.python_version(),
         "prompt_tokens": len(prompt), "decode_tokens": args.decode,
         "ours": ours, "llama_cpp_python": {k: ref[k] for k in ("prompt_tps", "decode_tps")},
         "ratio": {k: ours[k] / ref[k] for k in ("prompt_tps", "decode_tps")},

@@ -236,3 +236,31 @@ def test_poisson_end_to_end_against_llama_server(llama_server_url):
 def test_allow_remote_never_applies_to_an_address_from_the_environment(monkeypatch):
     monkeypatch.setenv("EVENFLOW_HOST", "192.0.2.7:11434")
     assert bench_main(["stall", "--allow-remote", "-q"]) == 2
+
+
+@pytest.mark.parametrize("protocol", ["ollama-generate", "openai-chat"])
+def test_stall_end_to_end_against_evenflow(protocol, tmp_path, synthetic_model):
+    """The same stall run against evenflow's own daemon (llama.cpp if installed, else torch), on two protocols."""
+    from api_harness import BACKENDS, start_daemon, upload_model
+
+    gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True)["gguf"])
+    d = start_daemon(tmp_path, backend="llamacpp" if "llamacpp" in BACKENDS else BACKENDS[0],
+                     context_length="2048", target_itl_ms="0", max_batched_tokens="32")
+    try:
+        upload_model(d.url, gguf, "tiny")
+        js = tmp_path / "stall.json"
+        rc = bench_main(["stall", "--url", d.url, "--protocol", protocol, "--model", "tiny", "--streams", "2",
+                         "--prompt-len", "256", "--output-len", "1500", "--long-output-len", "4", "--warmup", "0.3",
+                         "--tail", "0.2", "--stream-prompt-len", "24", "--duration", "60", "--json", str(js), "-q"])
+        assert rc == 0
+        out = json.loads(js.read_text())
+        reqs = out["requests"]
+        assert all(r["error"] is None for r in reqs), [r["error"] for r in reqs]
+        long = reqs[-1]
+        assert long["kind"] == "long" and long["ok"] and long["output_tokens"] == 4
+        assert abs(long["prompt_tokens"] - 256) <= 0.05 * 256
+        w = out["stall"]["windows"]
+        # a 32-token budget: the streams keep getting tokens while the 256-token prompt goes in
+        assert w["streams_through_window"] == 2 and w["during_ms"]["count"] >= 2 * 4
+    finally:
+        d.stop()

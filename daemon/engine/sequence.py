@@ -125,10 +125,6 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
-    def token_at(self, i: int) -> int:
-        n = len(self.prompt_ids)
-        return self.prompt_ids[i] if i < n else self.output_ids[i - n]
-
     def tokens(self, start: int, end: int) -> list[int]:
         """Known tokens [start, end) without concatenating the whole history (this runs every step)."""
         n = len(self.prompt_ids)

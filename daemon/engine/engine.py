@@ -23,7 +23,7 @@ from .kv import BlockManager, blocks_for
 from .params import SamplingParams
 from .sampling import RequestRng, penalty_window, sample_batch
 from .scheduler import Scheduler, SchedulerConfig, StepPlan
-from .sequence import Delta, RequestStream, Sequence, Status
+from .sequence import Delta, RequestStream, Sequence
 
 log = logging.getLogger(__name__)
 

@@ -405,7 +405,7 @@ def test_store_roots_from_environment(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "ollama" / "manifests").mkdir(parents=True)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_readonly_roots() == [tmp_path / "ollama"]  # then the Ollama store is read, not written
-    monkeypatch.setenv("EVENFLOW_OLLAMA_STORES", "")
+    monkeypatch.setenv("EVENFLOW_OLLAMA_STORE", "")
     assert default_readonly_roots() == []
     monkeypatch.delenv("EVENFLOW_MODELS")
     monkeypatch.delenv("OLLAMA_MODELS")

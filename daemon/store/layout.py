@@ -32,11 +32,11 @@ def default_store_root() -> Path:
 
 
 def default_readonly_roots(root: Path | None = None) -> list[Path]:
-    """Existing Ollama stores to read (never write): EVENFLOW_OLLAMA_STORES (os.pathsep list), else
+    """Existing Ollama stores to read (never write): EVENFLOW_OLLAMA_STORE (os.pathsep list), else
     OLLAMA_MODELS when EVENFLOW_MODELS took precedence, plus ~/.ollama/models; only those that exist."""
     root = (root or default_store_root()).expanduser()
     candidates: list[Path] = []
-    explicit = os.environ.get("EVENFLOW_OLLAMA_STORES")
+    explicit = os.environ.get("EVENFLOW_OLLAMA_STORE")
     if explicit is not None:
         candidates = [Path(p).expanduser() for p in explicit.split(os.pathsep) if p.strip()]
     else:

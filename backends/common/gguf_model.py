@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import Counter
 from typing import Any, Iterator
 
 import numpy as np
-from gguf import LlamaFileType
 
 from ..base import ModelLoadError
 from .config import ModelArgs, ModelFiles
-from .gguf_file import GGUFFile, is_gguf
+from .gguf_file import GGUFFile, file_type_name, is_gguf
 from .gguf_tokenizer import tokenizer_from_gguf
 
 log = logging.getLogger(__name__)
@@ -58,16 +56,6 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _file_type_name(md: dict[str, Any], type_counts: Counter) -> str:
-    ft = md.get("general.file_type")
-    if ft is not None:
-        try:
-            return LlamaFileType(int(ft)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-        except ValueError:
-            log.warning("unknown general.file_type %r", ft)
-    return type_counts.most_common(1)[0][0] if type_counts else ""
-
-
 class GGUFModel:
     """One GGUF file: `args`, `tokenizer`, `chat_template`, `metadata`, and `iter_tensors()` in HF names."""
 
@@ -82,8 +70,7 @@ class GGUFModel:
         self.tokenizer = tokenizer_from_gguf(md, source=path)
         if self.tokenizer.vocab_size < self.args.vocab_size:
             log.info("%s: tokenizer has %d tokens, model vocab %d", path, self.tokenizer.vocab_size, self.args.vocab_size)
-        types = Counter(t.qtype.name for t in self.file.tensors.values() if len(t.shape) > 1)
-        self.file_type = _file_type_name(md, types)
+        self.file_type = file_type_name(md, self.file.tensors.values())
         missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in self.file.tensors]
         if missing and self.file.tensors:
             raise ModelLoadError(f"{path}: missing tensors {', '.join(missing)}")

@@ -119,7 +119,7 @@ async def generate(request: Request) -> Response:
     except BaseException:
         lease.release()
         raise
-    splitter = prompting.ThinkSplitter(think, text) if think else None
+    reply = prompting.ReplyParser(model, text, think, None)
 
     def final_obj(g_ids: list[int], final: dict[str, Any]) -> dict[str, Any]:
         out = {"model": req.model, "created_at": now_rfc3339(), "response": "", "done": True, **final}
@@ -133,7 +133,7 @@ async def generate(request: Request) -> Response:
         finally:
             lease.release()
         body = final_obj(g.token_ids, {"done_reason": g.done_reason, **g.metrics})
-        thinking, content = splitter.split_all(g.text) if splitter else ("", g.text)
+        thinking, content, _ = reply.parse_all(g.text)
         body["response"] = content
         if thinking:
             body["thinking"] = thinking
@@ -144,7 +144,7 @@ async def generate(request: Request) -> Response:
         try:
             async for text, ids, final in chunks:
                 out_ids.extend(ids)
-                thinking, content = splitter.feed(text, final is not None) if splitter else ("", text)
+                thinking, content, _ = reply.feed(text, final is not None)
                 if content or thinking:
                     obj = {"model": req.model, "created_at": now_rfc3339(), "response": content, "done": False}
                     if thinking:
@@ -193,8 +193,7 @@ async def chat(request: Request) -> Response:
     except BaseException:
         lease.release()
         raise
-    splitter = prompting.ThinkSplitter(think, text) if think else None
-    tool_parser = prompting.ToolCallStream(prompting.template_of(model)) if tools else None
+    reply = prompting.ReplyParser(model, text, think, tools)
 
     def chunk(content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": content}
@@ -209,10 +208,7 @@ async def chat(request: Request) -> Response:
             g = await collect(chunks)
         finally:
             lease.release()
-        thinking, content = splitter.split_all(g.text) if splitter else ("", g.text)
-        calls: list = []
-        if tool_parser:
-            content, calls = tool_parser.parse_all(content)
+        thinking, content, calls = reply.parse_all(g.text)
         body = chunk(content, thinking, calls)
         body.update(done=True, done_reason=g.done_reason, **g.metrics)
         return JSONResponse(body)
@@ -220,10 +216,7 @@ async def chat(request: Request) -> Response:
     async def objs() -> AsyncIterator[dict[str, Any]]:
         try:
             async for text, _ids, final in chunks:
-                thinking, content = splitter.feed(text, final is not None) if splitter else ("", text)
-                calls: list = []
-                if tool_parser:
-                    content, calls = tool_parser.feed(content, final is not None)
+                thinking, content, calls = reply.feed(text, final is not None)
                 if thinking:
                     yield chunk("", thinking)
                 if content:

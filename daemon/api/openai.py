@@ -158,18 +158,14 @@ async def chat_completions(request: Request) -> Response:
         lease.release()
         raise
     cid, created = f"chatcmpl-{random.randint(0, 998)}", int(time.time())
-    splitter = prompting.ThinkSplitter(think, text) if think else None
-    tool_parser = prompting.ToolCallStream(prompting.template_of(model)) if tools else None
+    reply = prompting.ReplyParser(model, text, think, tools)
     base = {"id": cid, "created": created, "model": req.model, "system_fingerprint": FINGERPRINT}
     if not req.stream:
         try:
             g = await collect(chunks)
         finally:
             lease.release()
-        thinking, content = splitter.split_all(g.text) if splitter else ("", g.text)
-        calls: list = []
-        if tool_parser:
-            content, calls = tool_parser.parse_all(content)
+        thinking, content, calls = reply.parse_all(g.text)
         msg: dict[str, Any] = {"role": "assistant", "content": content}
         if thinking:
             msg["reasoning"] = thinking
@@ -192,10 +188,7 @@ async def chat_completions(request: Request) -> Response:
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
         try:
             async for text, _ids, final in chunks:
-                thinking, content = splitter.feed(text, final is not None) if splitter else ("", text)
-                calls: list = []
-                if tool_parser:
-                    content, calls = tool_parser.feed(content, final is not None)
+                thinking, content, calls = reply.feed(text, final is not None)
                 if thinking:
                     yield ch({"content": "", "reasoning": thinking})
                 if content:

@@ -215,3 +215,27 @@ class ToolCallStream:
 
     def parse_all(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         return self._calls(text)
+
+
+class ReplyParser:
+    """Splits a model's output into (thinking, content, tool calls), streamed or all at once; each part is
+    only looked for when the request asked for it (think, tools)."""
+
+    def __init__(self, model: LoadedModel, prompt_text: str, think: bool | str | None,
+                 tools: list[dict[str, Any]] | None) -> None:
+        self.splitter = ThinkSplitter(think, prompt_text) if think else None
+        self.tools = ToolCallStream(template_of(model)) if tools else None
+
+    def feed(self, text: str, final: bool) -> tuple[str, str, list[dict[str, Any]]]:
+        thinking, content = self.splitter.feed(text, final) if self.splitter else ("", text)
+        calls: list[dict[str, Any]] = []
+        if self.tools:
+            content, calls = self.tools.feed(content, final)
+        return thinking, content, calls
+
+    def parse_all(self, text: str) -> tuple[str, str, list[dict[str, Any]]]:
+        thinking, content = self.splitter.split_all(text) if self.splitter else ("", text)
+        calls: list[dict[str, Any]] = []
+        if self.tools:
+            content, calls = self.tools.parse_all(content)
+        return thinking, content, calls

@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..base import Batch
+from ..common.paging import cache_slots
 from .kv import PagedKVCache
 
 
@@ -45,26 +46,6 @@ class StepAttention:
     order: mx.array | None = None  # rows of concat(decode, chunks...) in flattened order; None = already in order
 
 
-def _slots(table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
-    return table[positions // block_size] * block_size + positions % block_size
-
-
-def check_batch(batch: Batch, num_blocks: int) -> None:
-    """Raise ValueError naming the first span whose block table or range cannot hold its tokens."""
-    bs = batch.block_size
-    for s in batch.spans:
-        need = -(-(s.start_pos + s.length) // bs)
-        if len(s.block_table) < need:
-            raise ValueError(f"slot {s.slot}: block_table has {len(s.block_table)} blocks, positions up to "
-                             f"{s.start_pos + s.length} need {need} of size {bs}")
-        bad = [b for b in s.block_table[:need] if not 0 <= b < num_blocks]
-        if bad:
-            raise ValueError(f"slot {s.slot}: block ids {bad[:4]} outside [0, {num_blocks})")
-        if s.length <= 0 or s.start < 0 or s.start + s.length > batch.num_tokens:
-            raise ValueError(f"slot {s.slot}: span [{s.start}, {s.start + s.length}) outside the "
-                             f"{batch.num_tokens}-token batch")
-
-
 def build_step_attention(batch: Batch) -> StepAttention:
     """Slot mapping, gather indices, masks and the output row order for one step."""
     bs = batch.block_size
@@ -76,10 +57,10 @@ def build_step_attention(batch: Batch) -> StepAttention:
     for s in batch.spans:
         table = np.asarray(s.block_table, dtype=np.int64)
         new_pos = np.arange(s.start_pos, s.start_pos + s.length, dtype=np.int64)
-        slot_mapping[s.start : s.start + s.length] = _slots(table, new_pos, bs)
+        slot_mapping[s.start : s.start + s.length] = cache_slots(table, new_pos, bs)
         if s.length == 1:
             dec_rows.append(s.start)
-            dec_index.append(_slots(table, np.arange(s.context_len, dtype=np.int64), bs))
+            dec_index.append(cache_slots(table, np.arange(s.context_len, dtype=np.int64), bs))
             continue
         chunk_rows.append(np.arange(s.start, s.start + s.length))
         if s.start_pos == 0:  # a first chunk sees only itself: use its fresh K/V, no gather
@@ -87,7 +68,7 @@ def build_step_attention(batch: Batch) -> StepAttention:
             continue
         q_pos = np.arange(s.length)[:, None] + s.start_pos  # query i sees keys 0..start_pos + i
         mask = mx.array(np.arange(s.context_len)[None, :] <= q_pos)
-        kv_index = mx.array(_slots(table, np.arange(s.context_len, dtype=np.int64), bs).astype(np.int32))
+        kv_index = mx.array(cache_slots(table, np.arange(s.context_len, dtype=np.int64), bs).astype(np.int32))
         chunks.append(ChunkAttn(s.start, s.length, kv_index, mask))
     decode = None
     if dec_rows:

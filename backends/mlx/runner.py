@@ -15,7 +15,8 @@ import numpy as np
 
 from ..base import Batch, ModelInfo, RunnerSettings
 from ..common import build_model_info
-from .attention import build_step_attention, check_batch, dense_causal
+from ..common.paging import check_batch
+from .attention import build_step_attention, dense_causal
 from ..common.memory import plan_num_blocks
 from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
 from .models import build_model

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..base import Batch
+from ..common.paging import cache_slots
 
 
 @dataclass
@@ -43,26 +44,6 @@ class StepAttention:
     decode: DecodeAttn | None = None
 
 
-def _slots(table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
-    return table[positions // block_size] * block_size + positions % block_size
-
-
-def check_batch(batch: Batch, num_blocks: int) -> None:
-    """Raise ValueError naming the first span whose block table cannot hold its tokens."""
-    bs = batch.block_size
-    for s in batch.spans:
-        need = -(-(s.start_pos + s.length) // bs)
-        if len(s.block_table) < need:
-            raise ValueError(f"slot {s.slot}: block_table has {len(s.block_table)} blocks, positions up to "
-                             f"{s.start_pos + s.length} need {need} of size {bs}")
-        bad = [b for b in s.block_table[:need] if not 0 <= b < num_blocks]
-        if bad:
-            raise ValueError(f"slot {s.slot}: block ids {bad[:4]} outside [0, {num_blocks})")
-        if s.length <= 0 or s.start < 0 or s.start + s.length > batch.num_tokens:
-            raise ValueError(f"slot {s.slot}: span [{s.start}, {s.start + s.length}) outside the "
-                             f"{batch.num_tokens}-token batch")
-
-
 def build_step_attention(batch: Batch, device: torch.device) -> StepAttention:
     """Slot mapping for the new tokens, gather indices and masks for chunks and the decode group."""
     bs = batch.block_size
@@ -73,8 +54,8 @@ def build_step_attention(batch: Batch, device: torch.device) -> StepAttention:
     for s in batch.spans:
         table = np.asarray(s.block_table, dtype=np.int64)
         new_pos = np.arange(s.start_pos, s.start_pos + s.length, dtype=np.int64)
-        slot_mapping[s.start : s.start + s.length] = _slots(table, new_pos, bs)
-        kv_index = _slots(table, np.arange(s.context_len, dtype=np.int64), bs)
+        slot_mapping[s.start : s.start + s.length] = cache_slots(table, new_pos, bs)
+        kv_index = cache_slots(table, np.arange(s.context_len, dtype=np.int64), bs)
         if s.length == 1:
             dec_rows.append(s.start)
             dec_index.append(kv_index)

@@ -9,7 +9,8 @@ import torch
 
 from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
 from ..common import build_model_info, open_model
-from .attention import build_step_attention, check_batch, dense_causal
+from ..common.paging import check_batch
+from .attention import build_step_attention, dense_causal
 from ..common.memory import plan_num_blocks
 from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
 from .models import build_model

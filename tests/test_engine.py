@@ -97,6 +97,42 @@ def test_abort_frees_kv_and_slot():
     assert len(runner.freed) == 2  # the runner was told to forget both slots
 
 
+def test_stats_from_other_threads_never_show_a_half_released_sequence():
+    # llama.cpp's free (llama_memory_seq_rm) releases the GIL: a live read of the scheduler from an HTTP thread
+    # could see the KV already freed but the sequence still running. stats() must be one consistent picture.
+    import threading
+    import time
+
+    class SlowFree(ToyRunner):
+        def free(self, slot: int) -> None:
+            time.sleep(0.05)
+            super().free(slot)
+
+    eng = Engine(SlowFree(eos_bias=-100), EngineConfig())
+    eng.start()
+    torn: list = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            s = eng.stats()
+            if s.running and not s.kv_blocks_used:
+                torn.append(s)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        for _ in range(5):
+            s = eng.submit(list(range(1, 20)), SamplingParams(temperature=0, num_predict=3), loop=None)
+            assert [d.done_reason for d in s][-1] == "length"
+    finally:
+        done.set()
+        t.join()
+        eng.shutdown()
+    assert not torn
+    assert eng.stats().running == 0 and eng.stats().kv_blocks_used == 0
+
+
 def test_failing_step_fails_only_its_sequences():
     runner = ToyRunner(fail_on_token=255)
     eng = Engine(runner, EngineConfig(max_num_batched_tokens=64))

@@ -129,6 +129,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
+        self._stats = self._snapshot()
 
     # ---- public API (any thread) ----
     def start(self) -> None:
@@ -182,6 +183,14 @@ class Engine:
         return unsubscribe
 
     def stats(self) -> EngineStats:
+        """A consistent picture: with the loop thread running, the one it published after its last step or
+        queue handling (reading the scheduler live from another thread could catch a sequence half released,
+        its KV freed but still counted as running)."""
+        if self._thread is None:
+            return self._snapshot()
+        return self._stats
+
+    def _snapshot(self) -> EngineStats:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_used,
                            self.blocks.num_blocks, self.steps, self.block_size)
 
@@ -229,14 +238,17 @@ class Engine:
             for kind, payload in items:
                 if kind == "stop":
                     self._abort_all("abort", None)
+                    self._stats = self._snapshot()
                     return
                 self._handle(kind, payload)
+            self._stats = self._snapshot()
             if self.scheduler.has_work:
                 try:
                     self._step()
                 except Exception:  # a bug outside the forward pass: fail everything, keep the thread alive
                     log.exception("engine step failed")
                     self._abort_all("error", "internal engine error (see the daemon log)")
+                self._stats = self._snapshot()
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":

@@ -127,7 +127,7 @@ def test_disconnect_mid_stream_frees_kv(daemon: Daemon) -> None:
     with httpx.Client(base_url=daemon.url, timeout=60) as c:
         c.post("/api/generate", json={"model": "tiny", "stream": False})  # load
         body = {"model": "tiny", "prompt": "a long story",
-                "options": {"num_predict": 100000, "num_ctx": 1024, "temperature": 0}}
+                "options": {"num_predict": 100000, "num_ctx": 2048, "temperature": 0}}
         with c.stream("POST", "/api/generate", json=body) as r:
             lines = r.iter_lines()
             for _ in range(5):
@@ -184,8 +184,10 @@ def test_pull_push_are_clear_errors(http: httpx.Client) -> None:
 
 
 def test_queue_full_is_503(tmp_path: Path, synthetic_model) -> None:
-    gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True)["gguf"])
-    d = start_daemon(tmp_path, backend=BACKENDS[0], num_parallel="1", max_queue="1", context_length="2048")
+    # a 32k context keeps the first stream running (it fills 2k in about a second) while the queue is tested
+    gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True,
+                                max_position_embeddings=32768)["gguf"])
+    d = start_daemon(tmp_path, backend=BACKENDS[0], num_parallel="1", max_queue="1", context_length="32768")
     try:
         upload_model(d.url, gguf, "tiny")
         body = {"model": "tiny", "prompt": "go on", "options": {"num_predict": -2, "temperature": 0}}
@@ -203,6 +205,7 @@ def test_queue_full_is_503(tmp_path: Path, synthetic_model) -> None:
             if s.running == 1 and s.waiting == 1:
                 break
             time.sleep(0.02)
+        assert (s.running, s.waiting) == (1, 1)
         r = httpx.post(d.url + "/api/generate", json={**body, "stream": False}, timeout=30)
         _err(r, 503, "server busy, please try again.  maximum pending requests exceeded")
         for cm in streams:
@@ -232,9 +235,10 @@ def test_port_taken_is_a_clear_message(daemon: Daemon) -> None:
 def test_sigterm_shuts_down_gracefully(tmp_path: Path, synthetic_model) -> None:
     from evenflow.daemon.store import ModelStore
 
-    # 8k context at CPU speed outlasts the 5 s grace period: the abort path runs and ends the stream cleanly
+    # Filling a 32k context outlasts the 5 s grace period (tiny fills 8k in 5-12 s here, and attention grows with
+    # the context): the abort path runs and ends the stream cleanly
     gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True,
-                                max_position_embeddings=8192)["gguf"])
+                                max_position_embeddings=32768)["gguf"])
     store = ModelStore(tmp_path / "models")
     digest = store.add_blob_file(gguf)
     list(store.create("tiny", files={gguf.name: digest}))
@@ -243,7 +247,7 @@ def test_sigterm_shuts_down_gracefully(tmp_path: Path, synthetic_model) -> None:
         port = s.getsockname()[1]
     env = {**os.environ, "EVENFLOW_HOST": f"127.0.0.1:{port}", "EVENFLOW_NO_DEMO": "1",
            "EVENFLOW_MODELS": str(tmp_path / "models"), "EVENFLOW_BACKEND": BACKENDS[0],
-           "EVENFLOW_CONTEXT_LENGTH": "8192"}
+           "EVENFLOW_CONTEXT_LENGTH": "32768"}
     proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -15,6 +15,10 @@ def f(v, digits=1):
     return "–" if v is None or v != v else f"{v:.{digits}f}"
 
 
+def samples(row: dict, digits: int) -> str:
+    return ", ".join(f(v, digits) for v in row.get("samples", [])) or "–"
+
+
 def main(path: str = str(HERE / "perf_suite.json")) -> None:
     d = json.loads(Path(path).read_text())
     m = d["meta"]
@@ -32,17 +36,21 @@ def main(path: str = str(HERE / "perf_suite.json")) -> None:
                   f"{f(r.get('frontier_ttft_s'), 2)} |")
         print()
     print("### The same prompt with no one streaming (TTFT alone)\n")
-    print("| configuration | L | TTFT (s) |")
-    print("|---|---|---|")
-    for r in d["ttft_alone"]:
-        print(f"| {r['config']} | {r['L']} | {f(r['ttft_s'], 2)} |")
-    print("\n### Aggregate decode throughput (96 tokens per stream, short prompts)\n")
-    print("| streams | evenflow tok/s | llama-server tok/s | ratio |")
+    print("Paired runs: the three servers are up together and take turns, rep after rep; median, then every sample.\n")
+    print("| configuration | L | TTFT (s), median | samples (s) |")
     print("|---|---|---|---|")
-    by = {(r["config"], r["streams"]): r["tok_s"] for r in d["throughput"]}
+    for r in sorted(d["ttft_alone"], key=lambda r: r["L"]):
+        print(f"| {r['config']} | {r['L']} | {f(r['ttft_s'], 2)} | {samples(r, 2)} |")
+    print("\n### Aggregate decode throughput (N concurrent streams, 96 tokens each, short prompts)\n")
+    print("Paired runs as above; median tokens/s, then every sample.\n")
+    print("| streams | evenflow tok/s | llama-server tok/s | ratio of medians | evenflow samples | llama-server samples |")
+    print("|---|---|---|---|---|---|")
+    by = {(r["config"], r["streams"]): r for r in d["throughput"]}
     for n in sorted({r["streams"] for r in d["throughput"]}):
-        e, ls = by.get(("evenflow", n)), by.get(("llama-server", n))
-        print(f"| {n} | {f(e)} | {f(ls)} | {f(e / ls if e and ls else None, 2)} |")
+        e, ls = by.get(("evenflow", n), {}), by.get(("llama-server", n), {})
+        ev, lv = e.get("tok_s"), ls.get("tok_s")
+        print(f"| {n} | {f(ev)} | {f(lv)} | {f(ev / lv if ev and lv else None, 2)} | {samples(e, 1)} | "
+              f"{samples(ls, 1)} |")
     bw = d["bandwidth"]
     print(f"\nBandwidth bound: {bw['weight_bytes'] / 1e6:.0f} MB of weights read per decode step at a measured "
           f"{bw['measured_gbs']:.1f} GB/s (numpy sum over 256 MiB) -> at most "

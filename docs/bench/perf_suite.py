@@ -1,6 +1,6 @@
 """evenflow vs llama-server, side by side, over HTTP on this machine: the figures in docs/performance.md.
 
-    python docs/bench/perf_suite.py                 # everything (~20 min on 2 cores)
+    python docs/bench/perf_suite.py                 # everything (~30 min on 2 cores)
     python docs/bench/perf_suite.py --quick         # L=2048 only, fewer configs
 
 The synthetic `bench` model (Llama shape, ~250M params) as a Q8_0 GGUF; evenflow on the llama.cpp backend
@@ -168,6 +168,41 @@ async def throughput(url: str, model: str, n: int, output_len: int = 96) -> floa
     return count / max(end - start, 1e-9)
 
 
+def paired_phase(out: dict[str, Any], store: Path, gguf: Path, threads: int, ctx: int, big: str,
+                 lengths: list[int], cals: dict[int, Calibration], reps: int) -> None:
+    """TTFT alone and aggregate throughput, paired: the servers under comparison are all up at once (idle ones
+    cost nothing) and take turns, rep after rep, so a slow minute of this shared machine hits every side
+    instead of deciding a ratio. Each sample is kept; the tables report the median."""
+    ad150 = {"EVENFLOW_TARGET_ITL_MS": "150", "EVENFLOW_MAX_BATCHED_TOKENS": big}
+    mono = {"EVENFLOW_PREFILL": "monolithic", "EVENFLOW_TARGET_ITL_MS": "0", "EVENFLOW_MAX_BATCHED_TOKENS": big}
+    with contextlib.ExitStack() as stack:
+        ev = stack.enter_context(evenflow_daemon(store, threads, ctx, ad150))
+        ev_mono = stack.enter_context(evenflow_daemon(store, threads, ctx, mono))
+        ls = stack.enter_context(llama_server(gguf, n_batch=2048, n_ubatch=512, slots=9, ctx_per_slot=ctx,
+                                              threads=threads, verbosity=0))
+        alone = [("evenflow adaptive 150 ms", ev, MODEL), ("evenflow monolithic", ev_mono, MODEL),
+                 ("llama-server defaults (n_batch 2048, n_ubatch 512)", ls, "bench")]
+        for url, model in ((ev, MODEL), (ev_mono, MODEL), (ls, "bench")):  # load and warm every server
+            asyncio.run(throughput(url, model, 1, output_len=8))
+        samples: dict[tuple, list[float]] = {}
+        for rep in range(reps):
+            for L in [x for x in lengths if x in cals]:
+                for label, url, model in alone:
+                    t = asyncio.run(ttft_alone(url, model, cals[L], L, seed=7 + rep))
+                    samples.setdefault(("ttft_alone", label, L), []).append(t)
+                    print(f"rep {rep} L={L} {label:48s} TTFT alone {t:.2f} s", flush=True)
+            for n in (1, 4, 8):
+                for label, url, model in (("evenflow", ev, MODEL), ("llama-server", ls, "bench")):
+                    tok_s = asyncio.run(throughput(url, model, n))
+                    samples.setdefault(("throughput", label, n), []).append(tok_s)
+                    print(f"rep {rep} {n} streams {label:12s} {tok_s:.1f} tok/s", flush=True)
+    for (kind, label, x), v in samples.items():
+        if kind == "ttft_alone":
+            out["ttft_alone"].append({"config": label, "L": x, "ttft_s": float(np.median(v)), "samples": v})
+        else:
+            out["throughput"].append({"config": label, "streams": x, "tok_s": float(np.median(v)), "samples": v})
+
+
 def memory_bandwidth_gbs() -> float:
     a = np.ones(256 * 1024 * 1024 // 8)
     best = 0.0
@@ -196,9 +231,11 @@ def main() -> None:
     ap.add_argument("--budgets", default="16,64,256")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--only", default=None, help="run only the configurations whose label contains this text")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the paired TTFT-alone and throughput runs")
     args = ap.parse_args()
     lengths = [2048] if args.quick else [int(x) for x in args.lengths.split(",")]
     targets = [150] if args.quick else [int(x) for x in args.targets.split(",")]
+    args.reps = 1 if args.quick else args.reps
     budgets = [64] if args.quick else [int(x) for x in args.budgets.split(",")]
     gguf = Path(cached_model(make_spec("bench"), formats=("gguf",), gguf_dtype="q8_0")["gguf"])
     ctx = max(lengths) + 1024
@@ -264,14 +301,6 @@ def main() -> None:
                                                            args.streams, dctx)
                     row["step_cost_fit"] = coef.tolist()
                 out["stall"].append(row)
-            if label.startswith("evenflow adaptive 150") or label == "evenflow monolithic":
-                for L in lengths:
-                    if L not in cals:
-                        continue
-                    out["ttft_alone"].append({"config": label, "L": L, "ttft_s": asyncio.run(ttft_alone(url, MODEL, cals[L], L))})
-            if label.startswith("evenflow adaptive 150"):
-                for n in (1, 4, 8):
-                    out["throughput"].append({"config": "evenflow", "streams": n, "tok_s": asyncio.run(throughput(url, MODEL, n))})
     for label, nb, nub in ls_configs:
         if not wanted(label):
             continue
@@ -279,16 +308,8 @@ def main() -> None:
                           threads=args.threads, verbosity=0) as url:
             for L in lengths:
                 out["stall"].append(stall(url, L, label, {"L": L, "n_batch": nb}))
-            if nb == 2048:
-                for L in [x for x in lengths if x in cals]:
-                    out["ttft_alone"].append({"config": label, "L": L,
-                                              "ttft_s": asyncio.run(ttft_alone(url, None or "bench", cals[L], L))})
-        if nb == 2048:
-            with llama_server(gguf, n_batch=nb, n_ubatch=nub, slots=9, ctx_per_slot=1024, threads=args.threads,
-                              verbosity=0) as url:
-                for n in (1, 4, 8):
-                    out["throughput"].append({"config": "llama-server", "streams": n,
-                                              "tok_s": asyncio.run(throughput(url, "bench", n))})
+    if args.only is None:
+        paired_phase(out, store, gguf, args.threads, ctx, big, lengths, cals, args.reps)
     out_path = HERE / ("perf_suite.json" if args.only is None and not args.quick else "perf_suite_partial.json")
     out_path.write_text(json.dumps(out, indent=2, default=float))
     print(json.dumps(out["ttft_alone"], indent=1), json.dumps(out["throughput"], indent=1))

@@ -167,7 +167,9 @@ def parse_line(protocol: str, line: str) -> Chunk | None:
             chunk.text += (delta.get("content") or "") + (delta.get("reasoning_content") or "")
         chunk.done_reason = choice.get("finish_reason") or chunk.done_reason
     usage = obj.get("usage")
-    if isinstance(usage, dict):
+    # Ollama's /v1/completions puts an all-zero usage on every chunk when include_usage is set; only the last
+    # one counts
+    if isinstance(usage, dict) and (usage.get("prompt_tokens") or usage.get("completion_tokens")):
         chunk.prompt_tokens = usage.get("prompt_tokens")
         chunk.output_tokens = usage.get("completion_tokens")
         chunk.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")

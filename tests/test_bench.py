@@ -121,6 +121,9 @@ def test_parse_lines_of_each_protocol():
     c = parse_line("openai-completions", 'data: {"choices":[{"text":"","finish_reason":"length"}],'
                    '"usage":{"completion_tokens":5,"prompt_tokens":122,"prompt_tokens_details":{"cached_tokens":3}}}')
     assert c.text == "" and (c.prompt_tokens, c.output_tokens, c.cached_tokens, c.done_reason) == (122, 5, 3, "length")
+    c = parse_line("openai-completions", 'data: {"choices":[{"text":"ab","finish_reason":null}],'
+                   '"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}}')
+    assert c.prompt_tokens is None and c.output_tokens is None  # Ollama's zero usage on every chunk is no count
     c = parse_line("openai-chat", 'data: {"choices":[{"delta":{"role":"assistant","content":null}}]}')
     assert c.text == ""  # the role-only first chunk is not a token
     assert parse_line("openai-chat", 'data: {"choices":[{"delta":{"content":" x"}}]}').text == " x"

@@ -105,7 +105,9 @@ class Tokenizer(Protocol):
 class RunnerSettings:
     """Load-time settings a backend honours where they apply."""
 
-    max_num_seqs: int = 8  # slots: llama.cpp n_seq_max, per-slot caches
+    # sequence slots (llama.cpp n_seq_max); None = as many full windows as the KV pool holds, at least 8
+    # (common.memory.plan_kv: more than 8 only where the KV has GPU memory of its own)
+    max_num_seqs: int | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derive from kv_memory_fraction / the context window
     kv_memory_fraction: float = 0.9  # of free device memory, GPU only

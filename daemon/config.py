@@ -195,7 +195,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("keep_alive", _twin("OLLAMA_KEEP_ALIVE"), _env_keep_alive,
                 "a Go duration (5m, 1h, -1) or integer seconds", "how long an idle model stays loaded (default 5m; 0 unloads; negative = forever)"),
     SettingSpec("num_parallel", _twin("OLLAMA_NUM_PARALLEL"), _int_min(0), "an integer >= 0",
-                "concurrent sequences per model (0 = EVENFLOW_MAX_SEQS, default 8)"),
+                "concurrent sequences per model (0 = EVENFLOW_MAX_SEQS)"),
     SettingSpec("max_loaded_models", _twin("OLLAMA_MAX_LOADED_MODELS"), _int_min(0), "an integer >= 0",
                 "models kept loaded at once, idle ones evicted LRU (0 = 3)"),
     SettingSpec("max_queue", _twin("OLLAMA_MAX_QUEUE"), _int_min(1), "an integer >= 1",
@@ -215,8 +215,9 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("target_itl_ms", ("EVENFLOW_TARGET_ITL_MS",), _target_itl, "auto or a number >= 0 (milliseconds)",
                 "inter-token latency target of the adaptive budget (auto = 50 on a GPU, 150 on a CPU; "
                 "0 = the fixed budget)"),
-    SettingSpec("max_seqs", ("EVENFLOW_MAX_SEQS",), _int_min(1), "an integer >= 1",
-                "sequence slots per loaded model"),
+    SettingSpec("max_seqs", ("EVENFLOW_MAX_SEQS",), _int_min(0), "an integer >= 0",
+                "sequence slots per loaded model (0 = as many full num_ctx windows as the KV pool holds, at "
+                "least 8; the pool is 8 windows in host/unified memory, a share of free memory on a CUDA GPU)"),
     SettingSpec("num_threads", ("EVENFLOW_NUM_THREADS",), _int_min(0), "an integer >= 0 (0 = physical cores)",
                 "CPU threads for the backend"),
     SettingSpec("log_content", ("EVENFLOW_LOG_CONTENT",), _parse_bool, "1/0 or true/false",
@@ -255,7 +256,7 @@ class Settings:
     prefill: str = "chunked"
     max_batched_tokens: int = 512
     target_itl_ms: float | None = None  # None = auto, by device
-    max_seqs: int = 8
+    max_seqs: int = 0
     num_threads: int = 0
     log_content: bool = False
     ollama_store: Path | None = field(default_factory=_default_ollama_store)

@@ -100,9 +100,10 @@ class ModelManager:
 
     # ---- public ----
     @property
-    def slots(self) -> int:
-        """Concurrent sequences per model: OLLAMA_NUM_PARALLEL, else EVENFLOW_MAX_SEQS (default 8)."""
-        return self.settings.num_parallel or self.settings.max_seqs
+    def slots(self) -> int | None:
+        """Concurrent sequences per model: OLLAMA_NUM_PARALLEL, else EVENFLOW_MAX_SEQS, else None: the runner
+        takes as many as its KV pool holds, at least 8."""
+        return self.settings.num_parallel or self.settings.max_seqs or None
 
     @property
     def pending(self) -> int:
@@ -229,7 +230,8 @@ class ModelManager:
         rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,
                             device=s.device, num_threads=s.num_threads or None)
         t0 = time.perf_counter_ns()
-        log.info("loading %s from %s with %s (num_ctx %d, %d slots)", record.name, record.path, backend, want, self.slots)
+        log.info("loading %s from %s with %s (num_ctx %d, slots %s)", record.name, record.path, backend, want,
+                 self.slots or "auto")
         try:
             runner = await asyncio.to_thread(self.loader, backend, record.path, rs)
         except ModelLoadError as e:
@@ -247,7 +249,8 @@ class ModelManager:
         for fn in self._listeners:
             engine.subscribe(fn)
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
-                      "context_length": ctx, "load_ms": model.load_duration_ns / 1e6, "size": model.size})
+                      "context_length": ctx, "load_ms": model.load_duration_ns / 1e6, "size": model.size,
+                      "slots": engine.scheduler.slots.size, "kv_tokens": engine.blocks.num_blocks * engine.block_size})
         log.info("loaded %s in %.2fs (%s, ctx %d)", record.name, model.load_duration_ns / 1e9, backend, ctx)
         return model
 

@@ -15,7 +15,7 @@ import numpy as np
 import llama_cpp.llama_cpp as L
 
 from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
-from ..common.memory import host_kv_budget, plan_num_blocks
+from ..common.memory import host_kv_budget, plan_kv
 from . import amx
 from .embedder import Embedder
 from .gguf_info import GGUFHeader, kv_bytes_per_token, model_info, read_header
@@ -39,15 +39,16 @@ def load(model_path: str, settings: RunnerSettings) -> "LlamaCppRunner":
     return LlamaCppRunner(str(model_path), settings)
 
 
-def plan_kv_tokens(settings: RunnerSettings, ctx_len: int, bytes_per_token: int) -> int:
-    """n_ctx for the unified cache: the engine's block budget, else max_num_seqs full windows capped by RAM."""
+def plan_kv_tokens(settings: RunnerSettings, ctx_len: int, bytes_per_token: int) -> tuple[int, int]:
+    """(n_ctx of the unified cache, sequences): the engine's block budget, else the slots' full windows capped by
+    RAM (host memory is never a dedicated pool: auto slots are 8 here unless num_kv_blocks holds more)."""
     bs = settings.block_size
-    blocks = plan_num_blocks(requested=settings.num_kv_blocks, max_num_seqs=settings.max_num_seqs,
-                             context_length=ctx_len, block_size=bs, block_bytes=max(bytes_per_token, 1) * bs,
-                             budget_bytes=host_kv_budget())
+    blocks, seqs = plan_kv(requested_blocks=settings.num_kv_blocks, max_num_seqs=settings.max_num_seqs,
+                           context_length=ctx_len, block_size=bs, block_bytes=max(bytes_per_token, 1) * bs,
+                           budget_bytes=host_kv_budget())
     if settings.num_kv_blocks is None:  # a long chat fits even when RAM is short
         blocks = max(blocks, -(-min(ctx_len, MIN_KV_TOKENS) // bs))
-    return blocks * bs
+    return blocks * bs, min(seqs, int(L.llama_max_parallel_sequences()))
 
 
 class LlamaCppRunner:
@@ -56,7 +57,7 @@ class LlamaCppRunner:
     backend = "llamacpp"
 
     def __init__(self, model_path: str, settings: RunnerSettings):
-        if settings.max_num_seqs < 1 or settings.max_num_seqs > L.llama_max_parallel_sequences():
+        if settings.max_num_seqs is not None and not 1 <= settings.max_num_seqs <= L.llama_max_parallel_sequences():
             raise ValueError(
                 f"max_num_seqs={settings.max_num_seqs} outside [1, {L.llama_max_parallel_sequences()}] for llama.cpp"
             )
@@ -64,7 +65,7 @@ class LlamaCppRunner:
             raise ValueError(f"dtype={settings.dtype!r} not supported by llama.cpp; allowed: {', '.join(_KV_TYPES)}")
         self.path = model_path
         self.block_size = settings.block_size
-        self.max_num_seqs = settings.max_num_seqs
+        self.max_num_seqs = settings.max_num_seqs or 0  # resolved with the KV plan in _setup
         self._model = self._ctx = None
         self._embedder: Embedder | None = None
         header = read_header(model_path)  # ModelLoadError on a bad/truncated file, before llama.cpp sees it
@@ -102,7 +103,8 @@ class LlamaCppRunner:
         # per-sequence window: num_ctx when given (even above the trained one, as Ollama allows), else trained
         self.context_length = settings.context_length or self.info.context_length
         elem = 4 if settings.dtype == "float32" else 2
-        n_ctx = plan_kv_tokens(settings, self.context_length, kv_bytes_per_token(self.info, header, elem))
+        n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
+                                                  kv_bytes_per_token(self.info, header, elem))
         self._ctx = self._new_context(n_ctx, settings)
         # llama.cpp may pad n_ctx; the scheduler must never count more than the cache really holds
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
@@ -135,8 +137,8 @@ class LlamaCppRunner:
         # micro-batches inside that call, which is faster on a CPU than one huge attention matrix.
         cp.n_batch = max(settings.max_num_batched_tokens, 1)
         cp.n_ubatch = min(cp.n_batch, 512)
-        cp.n_seq_max = settings.max_num_seqs
-        cp.n_outputs_max = settings.max_num_seqs  # at most one logits row per sequence per step
+        cp.n_seq_max = self.max_num_seqs
+        cp.n_outputs_max = self.max_num_seqs  # at most one logits row per sequence per step
         cp.kv_unified = True
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.no_perf = True

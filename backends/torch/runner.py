@@ -11,7 +11,7 @@ from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
 from ..common import build_model_info, open_model
 from ..common.paging import check_batch
 from .attention import build_step_attention, dense_causal
-from ..common.memory import plan_num_blocks
+from ..common.memory import plan_kv
 from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
 from .models import build_model
 
@@ -59,8 +59,8 @@ class TorchRunner:
             if settings.num_threads <= 0:
                 raise ValueError(f"num_threads={settings.num_threads} must be a positive int")
             torch.set_num_threads(settings.num_threads)
-        if settings.block_size <= 0 or settings.max_num_seqs <= 0:
-            raise ValueError(f"block_size={settings.block_size} and max_num_seqs={settings.max_num_seqs} must be > 0")
+        if settings.block_size <= 0:
+            raise ValueError(f"block_size={settings.block_size} must be > 0")
         src = open_model(model_path)
         files = src.files()
         self.args = files.args
@@ -72,15 +72,13 @@ class TorchRunner:
         self.tokenizer = files.tokenizer
         self.chat_template = files.chat_template
         self.block_size = settings.block_size
-        self.max_num_seqs = settings.max_num_seqs
         self.context_length = settings.context_length or self.args.max_position_embeddings
         n_kv, hd = int(self.args.num_key_value_heads or 0), int(self.args.head_dim or 0)
         block_bytes = bytes_per_block(self.args.num_hidden_layers, self.block_size, n_kv, hd, self.dtype)
-        self.num_kv_blocks = plan_num_blocks(
-            requested=settings.num_kv_blocks, max_num_seqs=self.max_num_seqs, context_length=self.context_length,
-            block_size=self.block_size, block_bytes=block_bytes,
-            budget_bytes=kv_budget_bytes(self.device, settings.kv_memory_fraction),
-        )
+        self.num_kv_blocks, self.max_num_seqs = plan_kv(
+            requested_blocks=settings.num_kv_blocks, max_num_seqs=settings.max_num_seqs,
+            context_length=self.context_length, block_size=self.block_size, block_bytes=block_bytes,
+            budget_bytes=kv_budget_bytes(self.device, settings.kv_memory_fraction), dedicated_pool=self.device.type == "cuda")
         self.kv: PagedKVCache | None = PagedKVCache(self.args.num_hidden_layers, self.num_kv_blocks, self.block_size,
                                                     n_kv, hd, self.device, self.dtype)
         log.info("torch runner: %s (%s, %s) on %s/%s, %d KV blocks x %d tokens (%.1f MiB), loaded in %.2fs",

@@ -153,6 +153,13 @@ def _float_min(lo: float) -> Callable[[str], float]:
     return parse
 
 
+def _fraction(text: str) -> float:
+    v = float(text.strip())
+    if not (math.isfinite(v) and 0 < v <= 1):
+        raise ValueError("must be a number in (0, 1]")
+    return v
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         v = text.strip().lower()
@@ -218,6 +225,9 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("max_seqs", ("EVENFLOW_MAX_SEQS",), _int_min(0), "an integer >= 0",
                 "sequence slots per loaded model (0 = as many full num_ctx windows as the KV pool holds, at "
                 "least 8; the pool is 8 windows in host/unified memory, a share of free memory on a CUDA GPU)"),
+    SettingSpec("gpu_kv_fraction", ("EVENFLOW_GPU_KV_FRACTION",), _fraction, "a number in (0, 1]",
+                "share of the GPU memory free after the weights that the KV cache may take (CUDA; Metal: of the "
+                "recommended working set; default 0.9)"),
     SettingSpec("num_threads", ("EVENFLOW_NUM_THREADS",), _int_min(0), "an integer >= 0 (0 = physical cores)",
                 "CPU threads for the backend"),
     SettingSpec("log_content", ("EVENFLOW_LOG_CONTENT",), _parse_bool, "1/0 or true/false",
@@ -257,6 +267,7 @@ class Settings:
     max_batched_tokens: int = 512
     target_itl_ms: float | None = None  # None = auto, by device
     max_seqs: int = 0
+    gpu_kv_fraction: float = 0.9
     num_threads: int = 0
     log_content: bool = False
     ollama_store: Path | None = field(default_factory=_default_ollama_store)

@@ -46,9 +46,11 @@ def test_twin_wins_and_ollama_names_work() -> None:
 def test_evenflow_own_settings() -> None:
     s = load_settings({"EVENFLOW_BACKEND": "llamacpp", "EVENFLOW_PREFILL": "monolithic",
                        "EVENFLOW_MAX_BATCHED_TOKENS": "128", "EVENFLOW_TARGET_ITL_MS": "40", "EVENFLOW_MAX_SEQS": "3",
-                       "EVENFLOW_NUM_THREADS": "2", "EVENFLOW_OLLAMA_STORE": "/tmp/x", "EVENFLOW_NO_DEMO": "true"})
+                       "EVENFLOW_NUM_THREADS": "2", "EVENFLOW_OLLAMA_STORE": "/tmp/x", "EVENFLOW_NO_DEMO": "true",
+                       "EVENFLOW_GPU_KV_FRACTION": "0.5"})
     assert (s.backend, s.prefill, s.max_batched_tokens, s.target_itl_ms) == ("llamacpp", "monolithic", 128, 40.0)
     assert (s.max_seqs, s.num_threads, str(s.ollama_store), s.no_demo) == (3, 2, "/tmp/x", True)
+    assert s.gpu_kv_fraction == 0.5 and load_settings({}).gpu_kv_fraction == 0.9
 
 
 def test_overrides_beat_env() -> None:
@@ -84,6 +86,8 @@ def test_keep_alive_env_and_request_forms() -> None:
     ({"EVENFLOW_TARGET_ITL_MS": "-3"}, "EVENFLOW_TARGET_ITL_MS"),
     ({"EVENFLOW_LOG_CONTENT": "maybe"}, "EVENFLOW_LOG_CONTENT"),
     ({"OLLAMA_CONTEXT_LENGTH": "4k"}, "OLLAMA_CONTEXT_LENGTH"),
+    ({"EVENFLOW_GPU_KV_FRACTION": "1.5"}, "EVENFLOW_GPU_KV_FRACTION"),
+    ({"EVENFLOW_GPU_KV_FRACTION": "0"}, "EVENFLOW_GPU_KV_FRACTION"),
 ])
 def test_bad_values_name_the_variable(env: dict, var: str) -> None:
     with pytest.raises(ConfigError) as exc:

@@ -211,7 +211,7 @@ class ToolCallStream:
             return "", []
         content, calls = self._calls(self.pending)
         self.pending = ""
-        return (content if calls else content), calls
+        return content, calls
 
     def parse_all(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         return self._calls(text)

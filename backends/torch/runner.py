@@ -78,7 +78,8 @@ class TorchRunner:
         self.num_kv_blocks, self.max_num_seqs = plan_kv(
             requested_blocks=settings.num_kv_blocks, max_num_seqs=settings.max_num_seqs,
             context_length=self.context_length, block_size=self.block_size, block_bytes=block_bytes,
-            budget_bytes=kv_budget_bytes(self.device, settings.kv_memory_fraction), dedicated_pool=self.device.type == "cuda")
+            budget_bytes=kv_budget_bytes(self.device, settings.kv_memory_fraction),
+            dedicated_pool=self.device.type == "cuda")
         self.kv: PagedKVCache | None = PagedKVCache(self.args.num_hidden_layers, self.num_kv_blocks, self.block_size,
                                                     n_kv, hd, self.device, self.dtype)
         log.info("torch runner: %s (%s, %s) on %s/%s, %d KV blocks x %d tokens (%.1f MiB), loaded in %.2fs",

@@ -197,7 +197,7 @@ def test_stall_end_to_end_against_llama_server(llama_server_url, tmp_path):
     js, png = tmp_path / "stall.json", tmp_path / "stall.png"
     rc = bench_main(["stall", "--url", llama_server_url, "--protocol", "openai-completions", "--streams", "2",
                      "--prompt-len", "128", "--output-len", "1500", "--long-output-len", "4", "--warmup", "0.3",
-                     "--tail", "0.2", "--stream-prompt-len", "24", "--duration", "60", "--slo", "ttft=60000",
+                     "--tail", "1.0", "--stream-prompt-len", "24", "--duration", "60", "--slo", "ttft=60000",
                      "--json", str(js), "--png", str(png), "-q"])
     assert rc == 0
     d = json.loads(js.read_text())
@@ -254,7 +254,7 @@ def test_stall_end_to_end_against_evenflow(protocol, tmp_path, synthetic_model):
         js = tmp_path / "stall.json"
         rc = bench_main(["stall", "--url", d.url, "--protocol", protocol, "--model", "tiny", "--streams", "2",
                          "--prompt-len", "256", "--output-len", "1500", "--long-output-len", "4", "--warmup", "0.3",
-                         "--tail", "0.2", "--stream-prompt-len", "24", "--duration", "60", "--json", str(js), "-q"])
+                         "--tail", "1.0", "--stream-prompt-len", "24", "--duration", "60", "--json", str(js), "-q"])
         assert rc == 0
         out = json.loads(js.read_text())
         reqs = out["requests"]

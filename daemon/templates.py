@@ -27,12 +27,12 @@ from .gotemplate import TemplateError
 from .gotemplate.ollama import DEFAULT_TEMPLATE, render_go_chat
 from .gotemplate.ollama import go_nodes as _go_nodes
 from .gotemplate.ollama import go_vars as _go_vars
-from .tools import TOOL_CALL_PREFIX, extract_tool_calls, parse_tool_calls, tool_format_for
+from .tools import TOOL_CALL_PREFIX, TOOL_CALL_SUFFIX, extract_tool_calls, parse_tool_calls, tool_format_for
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_TEMPLATE", "SuffixNotSupported", "TOOL_CALL_PREFIX", "TemplateError", "check_template",
+    "DEFAULT_TEMPLATE", "SuffixNotSupported", "TOOL_CALL_PREFIX", "TOOL_CALL_SUFFIX", "TemplateError", "check_template",
     "extract_tool_calls", "fold_system_into_user", "is_go_template", "parse_tool_calls", "prepare_chat_messages",
     "render_chat", "render_generate", "render_go_chat", "render_messages", "template_capabilities", "thinking_tags",
     "tool_format_for",

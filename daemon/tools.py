@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 TOOL_FORMATS = ("hermes", "llama3", "mistral", "granite", "firefunction", "deepseek")
 # Text that opens a tool call in each format: a streaming API holds output back once it sees this.
+TOOL_CALL_SUFFIX = {"hermes": "</tool_call>"}  # formats that close each call: a closed call streams at once
 TOOL_CALL_PREFIX = {"hermes": "<tool_call>", "llama3": "{", "mistral": "[TOOL_CALLS]", "granite": "<|tool_call|>",
                     "firefunction": " functools[", "deepseek": "<｜tool▁calls▁begin｜>"}
 # Model families (GGUF general.architecture / HF model_type) whose instruct models use a known format.

@@ -268,6 +268,18 @@ def test_tool_call_stream_parses_split_output() -> None:
             found += f
         assert content.strip() == "Let me check."
         assert found == [{"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]
+    # two calls: the first is out as soon as its </tool_call> arrives, the text before them streams at once
+    two = [{"function": {"name": "get_weather", "arguments": {"city": c}}} for c in ("Paris", "Oslo")]
+    first, second = format_tool_calls(two[:1], "hermes"), format_tool_calls(two[1:], "hermes")
+    tcs = ToolCallStream(HERMES_TEMPLATE)
+    assert tcs.feed("Checking both. <tool_ca", False) == ("Checking both. ", [])
+    assert tcs.feed("ll>" + first[len("<tool_call>"):-3], False) == ("", [])
+    assert tcs.feed(first[-3:] + "\n" + second[:5], False) == \
+        ("", [{"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}])
+    assert tcs.feed(second[5:], True) == \
+        ("", [{"function": {"index": 1, "name": "get_weather", "arguments": {"city": "Oslo"}}}])
+    broken = ToolCallStream(HERMES_TEMPLATE)  # not JSON inside: nothing early, the end decides
+    assert broken.feed("<tool_call>not json</tool_call>", False) == ("", [])
     thought = "<think>\nplan it</think>\n\nanswer"
     for step in (1, 2, 5):
         sp = ThinkSplitter(True)

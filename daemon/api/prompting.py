@@ -162,7 +162,8 @@ class ThinkSplitter:
 
 class ToolCallStream:
     """Streams content until the model starts a tool call (the format's opening marker), then holds the rest
-    back and parses it at the end into Ollama's `tool_calls`."""
+    back and parses it into Ollama's `tool_calls`: each call as soon as it is closed where the format closes
+    calls (`</tool_call>`), else at the end."""
 
     def __init__(self, template: str | None) -> None:
         self.template = template
@@ -173,21 +174,38 @@ class ToolCallStream:
         self.index = 0
         self.sent_any = False
 
-    def _calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        content, calls = tpl.extract_tool_calls(text, self.fmt)
+    def _number(self, calls: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         out = []
         for c in calls or []:
             fn = c.get("function", {})
             out.append({"function": {"index": self.index, "name": fn.get("name", ""),
                                      "arguments": fn.get("arguments") or {}}})
             self.index += 1
-        return content, out
+        return out
+
+    def _calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        content, calls = tpl.extract_tool_calls(text, self.fmt)
+        return content, self._number(calls)
+
+    def _closed_calls(self) -> list[dict[str, Any]]:
+        """Calls whose closing tag has arrived (hermes' `</tool_call>`), taken off `pending`."""
+        closer = tpl.TOOL_CALL_SUFFIX.get(self.fmt or "")
+        done: list[dict[str, Any]] = []
+        while closer and closer in self.pending:
+            end = self.pending.index(closer) + len(closer)
+            content, calls = tpl.extract_tool_calls(self.pending[:end], self.fmt)
+            if not calls or content.strip():
+                break  # not one clean call: what is left gets parsed at the end
+            done += self._number(calls)
+            self.pending = self.pending[end:]
+        return done
 
     def feed(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         self.pending += text
         if not self.marker:
             out, self.pending = self.pending, ""
             return out, []
+        out = ""
         if not self.holding:
             if self.fmt == "llama3":  # a JSON call is the whole answer: it must come first
                 head = self.pending.lstrip()
@@ -206,12 +224,14 @@ class ToolCallStream:
                     self.pending = self.pending[len(self.pending) - keep:]
                     self.sent_any = self.sent_any or bool(out)
                     return out, []
+                out, self.pending = self.pending[:idx], self.pending[idx:]  # the text before the call streams
+                self.sent_any = self.sent_any or bool(out)
                 self.holding = True
         if not final:
-            return "", []
+            return out, self._closed_calls()
         content, calls = self._calls(self.pending)
         self.pending = ""
-        return content, calls
+        return out + content, calls
 
     def parse_all(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         return self._calls(text)

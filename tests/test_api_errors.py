@@ -183,6 +183,33 @@ def test_pull_push_are_clear_errors(http: httpx.Client) -> None:
     _err(http.post("/api/push", json={"model": "me/llama3.2"}), 501, "offline")
 
 
+def test_client_gone_before_its_stream_starts(daemon: Daemon) -> None:
+    # The client leaves while the model loads: the response is created for nobody and starlette never starts
+    # its body. The sequence must still be aborted and the model's lease returned (or it never unloads).
+    httpx.post(daemon.url + "/api/generate", json={"model": "tiny", "keep_alive": 0}, timeout=60)  # unload
+    deadline = time.monotonic() + 10
+    while MODEL in daemon.ctx.manager.models and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert MODEL not in daemon.ctx.manager.models
+    aborted = _aborted(daemon)
+    body = {"model": "tiny", "prompt": "a long story", "keep_alive": "5m",
+            "options": {"num_predict": 100000, "num_ctx": 2048, "temperature": 0}}
+    payload = json.dumps(body).encode()
+    host, port = daemon.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        m = daemon.ctx.manager.models.get(MODEL)
+        if m is not None and m.active == 0 and _aborted(daemon) > aborted:
+            break
+        time.sleep(0.05)
+    m = daemon.ctx.manager.models[MODEL]
+    assert m.active == 0 and _aborted(daemon) == aborted + 1  # aborted, not run to the end of its context
+    assert m.engine.stats().running == 0 and kv_used(daemon, MODEL) == 0
+
+
 def test_queue_full_is_503(tmp_path: Path, synthetic_model) -> None:
     # a 32k context keeps the first stream running (it fills 2k in about a second) while the queue is tested
     gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True,

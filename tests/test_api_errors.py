@@ -210,6 +210,46 @@ def test_client_gone_before_its_stream_starts(daemon: Daemon) -> None:
     assert m.engine.stats().running == 0 and kv_used(daemon, MODEL) == 0
 
 
+@pytest.mark.parametrize("path,extra", [("/api/generate", {"prompt": "a long story"}),
+                                        ("/v1/completions", {"prompt": "a long story", "stream": True})])
+def test_response_never_started_still_frees_its_sequence(daemon: Daemon, path: str, extra: dict) -> None:
+    # The client is gone by the time the handler returns (ASGI spec 2.3, as uvicorn speaks it: starlette listens
+    # for http.disconnect beside the body and cancels it at once). Nothing may be streamed, and the sequence
+    # must still be aborted and the lease returned. Driven at the ASGI level, where that ordering is exact.
+    import asyncio
+
+    httpx.post(daemon.url + "/api/generate", json={"model": "tiny"}, timeout=60)  # loaded
+    aborted = _aborted(daemon)
+    payload = json.dumps({"model": "tiny", "options": {"num_predict": 100000, "temperature": 0},
+                          "max_tokens": 100000, **extra}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": "", "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 11434)}
+    sent: list[dict] = []
+    body_given = False
+
+    async def receive() -> dict:
+        nonlocal body_given
+        if not body_given:
+            body_given = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    app = daemon.server.config.app
+    asyncio.run_coroutine_threadsafe(app(scope, receive, send), daemon.ctx.loop).result(30)
+    assert not any(m.get("body") for m in sent)  # nothing was streamed: the body never ran
+    m = daemon.ctx.manager.models[MODEL]
+    deadline = time.monotonic() + 10
+    while (m.engine.stats().running or m.active) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert m.active == 0 and m.engine.stats().running == 0 and kv_used(daemon, MODEL) == 0
+    assert _aborted(daemon) == aborted + 1
+
+
 def test_queue_full_is_503(tmp_path: Path, synthetic_model) -> None:
     # a 32k context keeps the first stream running (it fills 2k in about a second) while the queue is tested
     gguf = Path(synthetic_model("tiny", formats=("gguf",), text_only_output=True,

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from ..config import keep_alive_seconds
 from ..engine.params import InvalidParams, SamplingParams
@@ -112,11 +113,10 @@ async def _watch_disconnect(request: Request, on_gone) -> None:
 
 
 async def engine_stream(request: Request, lease: Lease, prompt_ids: list[int], params: SamplingParams,
-                        user: dict[str, Any], t_start: int) -> AsyncIterator[tuple[str, list[int], dict | None]]:
-    """Yield (text, token_ids, final) from the engine; `final` (Ollama metrics + done_reason) on the last item.
+                        user: dict[str, Any], t_start: int) -> "EngineChunks":
+    """Submit the request; its output comes from the returned EngineChunks.
 
-    Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses. The sequence is
-    aborted (its KV freed at the next engine step) when the consumer stops early or the client disconnects.
+    Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses.
     """
     from ..engine.engine import EngineStopped, PromptTooLong, QueueFull  # noqa: PLC0415
 
@@ -131,43 +131,76 @@ async def engine_stream(request: Request, lease: Lease, prompt_ids: list[int], p
         raise APIError(503, "the model is being unloaded or the server is shutting down; retry") from None
     except ValueError as e:
         raise APIError(400, str(e)) from None
-    return _iterate(request, engine, stream, lease, t_start)
+    return EngineChunks(request, engine, stream, lease, t_start)
 
 
-async def _iterate(request: Request, engine: Any, stream: Any, lease: Lease,
-                   t_start: int) -> AsyncIterator[tuple[str, list[int], dict | None]]:
-    finished = False
-    watcher = asyncio.create_task(_watch_disconnect(request, lambda: engine.abort(stream.seq_id)))
-    try:
-        async for d in stream:
-            if d.done:
-                finished = True
-                if d.done_reason == "error":
-                    raise APIError(500, d.error or "generation failed")
-                if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
-                    raise APIError(503, "the request was aborted: the server is shutting down or the model "
-                                        "was unloaded; retry")
-                m = d.metrics.as_ollama() if d.metrics is not None else {}
-                m["load_duration"] = lease.load_duration_ns
-                m["total_duration"] = time.perf_counter_ns() - t_start
-                yield d.text, list(d.token_ids), {"done_reason": d.done_reason or "stop", **m}
-                return
-            yield d.text, list(d.token_ids), None
-    finally:
-        watcher.cancel()
-        if not finished:
-            engine.abort(stream.seq_id)  # consumer gone (disconnect, error): free the slot and its KV
+class EngineChunks:
+    """One request's engine output, iterated as (text, token_ids, final); `final` (Ollama metrics +
+    done_reason) comes with the last item. It owns the sequence and the model lease: `close()` aborts the
+    sequence unless it finished (its KV freed at the next engine step) and releases the lease. `collect()` and
+    the streaming responses call it however they end: done, failed, client gone, even before iterating."""
+
+    def __init__(self, request: Request, engine: Any, stream: Any, lease: Lease, t_start: int) -> None:
+        self.request, self.engine, self.stream, self.lease, self.t_start = request, engine, stream, lease, t_start
+        self.finished = False
+
+    def close(self) -> None:
+        if not self.finished:
+            self.engine.abort(self.stream.seq_id)
+        self.lease.release()
+
+    async def __aiter__(self) -> AsyncIterator[tuple[str, list[int], dict | None]]:
+        watcher = asyncio.create_task(_watch_disconnect(self.request, lambda: self.engine.abort(self.stream.seq_id)))
+        try:
+            async for d in self.stream:
+                if d.done:
+                    self.finished = True
+                    if d.done_reason == "error":
+                        raise APIError(500, d.error or "generation failed")
+                    if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
+                        raise APIError(503, "the request was aborted: the server is shutting down or the model "
+                                            "was unloaded; retry")
+                    m = d.metrics.as_ollama() if d.metrics is not None else {}
+                    m["load_duration"] = self.lease.load_duration_ns
+                    m["total_duration"] = time.perf_counter_ns() - self.t_start
+                    yield d.text, list(d.token_ids), {"done_reason": d.done_reason or "stop", **m}
+                    return
+                yield d.text, list(d.token_ids), None
+        finally:
+            watcher.cancel()
+            if not self.finished:
+                self.engine.abort(self.stream.seq_id)  # consumer gone (disconnect, error): free the slot and KV
 
 
-async def collect(chunks: AsyncIterator[tuple[str, list[int], dict | None]]) -> Generation:
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its EngineChunks however the response ends, so freeing the sequence and
+    the lease does not depend on whether the server and starlette ever get to start the body (a body cancelled
+    before its first step runs no `finally`)."""
+
+    def __init__(self, content: AsyncIterator[bytes], chunks: EngineChunks, media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self.chunks = chunks
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.chunks.close()
+
+
+async def collect(chunks: EngineChunks) -> Generation:
+    """The whole output at once (stream: false); closes `chunks`."""
     g = Generation()
     parts: list[str] = []
-    async for text, ids, final in chunks:
-        parts.append(text)
-        g.token_ids.extend(ids)
-        if final is not None:
-            g.done_reason = final.pop("done_reason")
-            g.metrics = final
+    try:
+        async for text, ids, final in chunks:
+            parts.append(text)
+            g.token_ids.extend(ids)
+            if final is not None:
+                g.done_reason = final.pop("done_reason")
+                g.metrics = final
+    finally:
+        chunks.close()
     g.text = "".join(parts)
     return g
 

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from . import prompting
 from .errors import APIError, not_found, parse_body
-from .generation import (check_num_ctx, collect, embed_text, engine_stream, fit_to_context, normalise,
-                         now_rfc3339, parse_keep_alive, requested_num_ctx, sampling_params)
+from .generation import (ClosingStreamingResponse, EngineChunks, check_num_ctx, collect, embed_text, engine_stream,
+                         fit_to_context, normalise, now_rfc3339, parse_keep_alive, requested_num_ctx, sampling_params)
 from .ollama_models import router as models_router
 from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
@@ -56,8 +56,9 @@ def _check_common(req: Any) -> None:
         raise APIError(400, "logprobs are not supported yet")
 
 
-def ndjson(gen: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    """One JSON object per line; an error after the first byte becomes a final {"error": ...} line."""
+def ndjson(gen: AsyncIterator[dict[str, Any]], chunks: EngineChunks) -> StreamingResponse:
+    """One JSON object per line; an error after the first byte becomes a final {"error": ...} line. `chunks`
+    (the engine output `gen` reads) is closed however the response ends."""
 
     async def lines() -> AsyncIterator[bytes]:
         try:
@@ -66,7 +67,7 @@ def ndjson(gen: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         except APIError as e:
             yield (json.dumps({"error": e.message}) + "\n").encode()
 
-    return StreamingResponse(lines(), media_type=NDJSON)
+    return ClosingStreamingResponse(lines(), chunks, NDJSON)
 
 
 async def _load_or_unload(request: Request, name: str, keep_alive: float | None, shape: dict[str, Any]) -> JSONResponse:
@@ -128,10 +129,7 @@ async def generate(request: Request) -> Response:
         return out
 
     if not stream:
-        try:
-            g = await collect(chunks)
-        finally:
-            lease.release()
+        g = await collect(chunks)
         body = final_obj(g.token_ids, {"done_reason": g.done_reason, **g.metrics})
         thinking, content, _ = reply.parse_all(g.text)
         body["response"] = content
@@ -141,21 +139,18 @@ async def generate(request: Request) -> Response:
 
     async def objs() -> AsyncIterator[dict[str, Any]]:
         out_ids: list[int] = []
-        try:
-            async for text, ids, final in chunks:
-                out_ids.extend(ids)
-                thinking, content, _ = reply.feed(text, final is not None)
-                if content or thinking:
-                    obj = {"model": req.model, "created_at": now_rfc3339(), "response": content, "done": False}
-                    if thinking:
-                        obj["thinking"] = thinking
-                    yield obj
-                if final is not None:
-                    yield final_obj(out_ids, final)
-        finally:
-            lease.release()
+        async for text, ids, final in chunks:
+            out_ids.extend(ids)
+            thinking, content, _ = reply.feed(text, final is not None)
+            if content or thinking:
+                obj = {"model": req.model, "created_at": now_rfc3339(), "response": content, "done": False}
+                if thinking:
+                    obj["thinking"] = thinking
+                yield obj
+            if final is not None:
+                yield final_obj(out_ids, final)
 
-    return ndjson(objs())
+    return ndjson(objs(), chunks)
 
 
 @router.post("/api/chat")
@@ -204,33 +199,27 @@ async def chat(request: Request) -> Response:
         return {"model": req.model, "created_at": now_rfc3339(), "message": msg, "done": False}
 
     if not stream:
-        try:
-            g = await collect(chunks)
-        finally:
-            lease.release()
+        g = await collect(chunks)
         thinking, content, calls = reply.parse_all(g.text)
         body = chunk(content, thinking, calls)
         body.update(done=True, done_reason=g.done_reason, **g.metrics)
         return JSONResponse(body)
 
     async def objs() -> AsyncIterator[dict[str, Any]]:
-        try:
-            async for text, _ids, final in chunks:
-                thinking, content, calls = reply.feed(text, final is not None)
-                if thinking:
-                    yield chunk("", thinking)
-                if content:
-                    yield chunk(content)
-                if calls:
-                    yield chunk("", "", calls)
-                if final is not None:
-                    done = chunk()
-                    done.update(done=True, **final)
-                    yield done
-        finally:
-            lease.release()
+        async for text, _ids, final in chunks:
+            thinking, content, calls = reply.feed(text, final is not None)
+            if thinking:
+                yield chunk("", thinking)
+            if content:
+                yield chunk(content)
+            if calls:
+                yield chunk("", "", calls)
+            if final is not None:
+                done = chunk()
+                done.update(done=True, **final)
+                yield done
 
-    return ndjson(objs())
+    return ndjson(objs(), chunks)
 
 
 @router.post("/api/embed")

@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import prompting
 from .errors import APIError, parse_body
-from .generation import (check_num_ctx, collect, embed_text, engine_stream, fit_to_context, normalise,
-                         sampling_params)
+from .generation import (ClosingStreamingResponse, EngineChunks, check_num_ctx, collect, embed_text, engine_stream,
+                         fit_to_context, normalise, sampling_params)
 from .ollama import check_format
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
@@ -52,7 +52,10 @@ def _finish(reason: str | None, calls: bool) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def _sse(objs: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+def _sse(objs: AsyncIterator[dict[str, Any]], chunks: EngineChunks) -> StreamingResponse:
+    """Server-sent events ending in [DONE]; `chunks` (the engine output `objs` reads) is closed however the
+    response ends."""
+
     async def events() -> AsyncIterator[bytes]:
         try:
             async for obj in objs:
@@ -62,7 +65,7 @@ def _sse(objs: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
             yield f"data: {json.dumps(err)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return ClosingStreamingResponse(events(), chunks, "text/event-stream")
 
 
 def _text_content(content: Any) -> str:
@@ -161,10 +164,7 @@ async def chat_completions(request: Request) -> Response:
     reply = prompting.ReplyParser(model, text, think, tools)
     base = {"id": cid, "created": created, "model": req.model, "system_fingerprint": FINGERPRINT}
     if not req.stream:
-        try:
-            g = await collect(chunks)
-        finally:
-            lease.release()
+        g = await collect(chunks)
         thinking, content, calls = reply.parse_all(g.text)
         msg: dict[str, Any] = {"role": "assistant", "content": content}
         if thinking:
@@ -186,24 +186,22 @@ async def chat_completions(request: Request) -> Response:
                 first = False
             return {**base, "object": "chat.completion.chunk",
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        try:
-            async for text, _ids, final in chunks:
-                thinking, content, calls = reply.feed(text, final is not None)
-                if thinking:
-                    yield ch({"content": "", "reasoning": thinking})
-                if content:
-                    yield ch({"content": content})
-                if calls:
-                    any_calls = True
-                    yield ch({"tool_calls": _oai_tool_calls(calls)})
-                if final is not None:
-                    yield ch({} if not first else {"content": ""}, _finish(final["done_reason"], any_calls))
-                    if include_usage:
-                        yield {**base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(final)}
-        finally:
-            lease.release()
 
-    return _sse(objs())
+        async for text, _ids, final in chunks:
+            thinking, content, calls = reply.feed(text, final is not None)
+            if thinking:
+                yield ch({"content": "", "reasoning": thinking})
+            if content:
+                yield ch({"content": content})
+            if calls:
+                any_calls = True
+                yield ch({"tool_calls": _oai_tool_calls(calls)})
+            if final is not None:
+                yield ch({} if not first else {"content": ""}, _finish(final["done_reason"], any_calls))
+                if include_usage:
+                    yield {**base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(final)}
+
+    return _sse(objs(), chunks)
 
 
 @router.post("/completions")
@@ -229,31 +227,25 @@ async def completions(request: Request) -> Response:
     base = {"id": f"cmpl-{random.randint(0, 998)}", "object": "text_completion", "created": int(time.time()),
             "model": req.model, "system_fingerprint": FINGERPRINT}
     if not req.stream:
-        try:
-            g = await collect(chunks)
-        finally:
-            lease.release()
+        g = await collect(chunks)
         return JSONResponse({**base, "choices": [{"text": g.text, "index": 0, "logprobs": None,
                                                   "finish_reason": _finish(g.done_reason, False)}],
                              "usage": _usage(g.metrics)})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     async def objs() -> AsyncIterator[dict[str, Any]]:
-        try:
-            async for text, _ids, final in chunks:
-                if final is None and not text:
-                    continue
-                obj = {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
-                                            "finish_reason": None if final is None else _finish(final["done_reason"], False)}]}
-                if include_usage:
-                    obj["usage"] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-                yield obj
-                if final is not None and include_usage:
-                    yield {**base, "choices": [], "usage": _usage(final)}
-        finally:
-            lease.release()
+        async for text, _ids, final in chunks:
+            if final is None and not text:
+                continue
+            obj = {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                        "finish_reason": None if final is None else _finish(final["done_reason"], False)}]}
+            if include_usage:
+                obj["usage"] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            yield obj
+            if final is not None and include_usage:
+                yield {**base, "choices": [], "usage": _usage(final)}
 
-    return _sse(objs())
+    return _sse(objs(), chunks)
 
 
 def _model_obj(m: dict[str, Any]) -> dict[str, Any]:

@@ -339,5 +339,13 @@ def test_events_carry_content_with_log_content(tmp_path: Path, synthetic_model) 
         req = [e for e in events if e["type"] == "request"]
         assert "secret prompt" in req[0]["user"]["prompt"]
         assert "".join(e.get("text", "") for e in req if e["event"] in ("token", "finished")) == out.response
+        with httpx.stream("GET", d.url + "/api/events", timeout=30) as ev:  # the /v1 endpoints log it too
+            lines = ev.iter_lines()
+            next(lines)
+            r = httpx.post(d.url + "/v1/completions", json={"model": "tiny", "prompt": "another secret",
+                                                             "max_tokens": 2}, timeout=30)
+            assert r.status_code == 200
+            queued = next(e for e in map(json.loads, lines) if e.get("event") == "queued")
+        assert queued["user"] == {"model": "tiny:latest", "endpoint": "/v1/completions", "prompt": "another secret"}
     finally:
         d.stop()

@@ -112,15 +112,21 @@ async def _watch_disconnect(request: Request, on_gone) -> None:
         return
 
 
-async def engine_stream(request: Request, lease: Lease, prompt_ids: list[int], params: SamplingParams,
-                        user: dict[str, Any], t_start: int) -> "EngineChunks":
-    """Submit the request; its output comes from the returned EngineChunks.
+async def engine_stream(request: Request, lease: Lease, text: str, prompt_ids: list[int], params: SamplingParams,
+                        window: int, endpoint: str, t_start: int) -> "EngineChunks":
+    """Fit the request to the `window` and submit it; its output comes from the returned EngineChunks.
 
-    Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses.
+    Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses. The request's
+    events name the model and endpoint, and carry the prompt `text` when the daemon logs content.
     """
     from ..engine.engine import EngineStopped, PromptTooLong, QueueFull  # noqa: PLC0415
 
-    engine = lease.model.engine
+    model = lease.model
+    fit_to_context(prompt_ids, params, window, model)
+    user = {"model": model.name, "endpoint": endpoint}
+    if request.app.state.ctx.settings.log_content:
+        user["prompt"] = text
+    engine = model.engine
     try:
         stream = engine.submit(prompt_ids, params, user=user)
     except PromptTooLong as e:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from . import prompting
 from .errors import APIError, not_found, parse_body
 from .generation import (ClosingStreamingResponse, EngineChunks, check_num_ctx, collect, embed_text, engine_stream,
-                         fit_to_context, normalise, now_rfc3339, parse_keep_alive, requested_num_ctx, sampling_params)
+                         normalise, now_rfc3339, parse_keep_alive, requested_num_ctx, sampling_params)
 from .ollama_models import router as models_router
 from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
@@ -112,11 +112,7 @@ async def generate(request: Request) -> Response:
                                                           suffix=req.suffix or "", template=req.template, think=think)
         prompt_ids = list(req.context or []) + prompting.encode(model, text, add_special=add_special and not req.context)
         params = sampling_params(req.options, model.record.params)
-        fit_to_context(prompt_ids, params, window, model)
-        user = {"model": model.name, "endpoint": "/api/generate"}
-        if ctx.settings.log_content:
-            user["prompt"] = text
-        chunks = await engine_stream(request, lease, prompt_ids, params, user, t0)
+        chunks = await engine_stream(request, lease, text, prompt_ids, params, window, "/api/generate", t0)
     except BaseException:
         lease.release()
         raise
@@ -180,11 +176,7 @@ async def chat(request: Request) -> Response:
         text, add_special = prompting.render_chat(model, messages, tools=tools, think=think)
         prompt_ids = prompting.encode(model, text, add_special=add_special)
         params = sampling_params(req.options, model.record.params)
-        fit_to_context(prompt_ids, params, window, model)
-        user = {"model": model.name, "endpoint": "/api/chat"}
-        if ctx.settings.log_content:
-            user["prompt"] = text
-        chunks = await engine_stream(request, lease, prompt_ids, params, user, t0)
+        chunks = await engine_stream(request, lease, text, prompt_ids, params, window, "/api/chat", t0)
     except BaseException:
         lease.release()
         raise

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from . import prompting
 from .errors import APIError, parse_body
 from .generation import (ClosingStreamingResponse, EngineChunks, check_num_ctx, collect, embed_text, engine_stream,
-                         fit_to_context, normalise, sampling_params)
+                         normalise, sampling_params)
 from .ollama import check_format
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
@@ -155,8 +155,7 @@ async def chat_completions(request: Request) -> Response:
         text, add = prompting.render_chat(model, messages, tools=tools, think=think)
         ids = prompting.encode(model, text, add_special=add)
         params = _params(req, model)
-        fit_to_context(ids, params, check_num_ctx(model, None), model)
-        chunks = await engine_stream(request, lease, ids, params, {"model": model.name, "endpoint": "/v1/chat/completions"}, t0)
+        chunks = await engine_stream(request, lease, text, ids, params, check_num_ctx(model, None), "/v1/chat/completions", t0)
     except BaseException:
         lease.release()
         raise
@@ -219,8 +218,7 @@ async def completions(request: Request) -> Response:
             text, add = req.prompt, True  # the prompt goes to the model as written (Ollama sends it raw)
         ids = prompting.encode(model, text, add_special=add)
         params = _params(req, model)
-        fit_to_context(ids, params, check_num_ctx(model, None), model)
-        chunks = await engine_stream(request, lease, ids, params, {"model": model.name, "endpoint": "/v1/completions"}, t0)
+        chunks = await engine_stream(request, lease, text, ids, params, check_num_ctx(model, None), "/v1/completions", t0)
     except BaseException:
         lease.release()
         raise

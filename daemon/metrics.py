@@ -35,6 +35,14 @@ class Metrics:
         self.kv_used = Gauge("evenflow_kv_blocks_used", "KV blocks in use", ["model"], registry=r)
         self.kv_total = Gauge("evenflow_kv_blocks_total", "KV blocks allocated", ["model"], registry=r)
         self.kv_usage = Gauge("evenflow_kv_usage_ratio", "KV blocks used / total", ["model"], registry=r)
+        self.kv_cached = Gauge("evenflow_kv_blocks_cached", "KV blocks holding a reusable prompt prefix", ["model"],
+                               registry=r)
+        self.cache_hits = Counter("evenflow_prefix_cache_hit_tokens", "Admitted tokens whose KV came from the "
+                                  "prefix cache", ["model"], registry=r)
+        self.cache_queries = Counter("evenflow_prefix_cache_query_tokens", "Admitted tokens looked up in the prefix "
+                                     "cache", ["model"], registry=r)
+        self.cache_hit_rate = Gauge("evenflow_prefix_cache_hit_rate", "Prefix cache hit tokens / query tokens "
+                                    "since the model loaded", ["model"], registry=r)
         self.loaded = Gauge("evenflow_models_loaded", "Models loaded", registry=r)
         self.pending = Gauge("evenflow_pending_requests", "Requests waiting for a model to load", registry=r)
         self.loads = Counter("evenflow_model_loads", "Model loads", ["model", "backend"], registry=r)
@@ -57,6 +65,9 @@ class Metrics:
             self.step_time.labels(model).observe(float(ev.get("step_ms", 0.0)) / 1e3)
             self.step_tokens.labels(model, "decode").inc(int(ev.get("decodes", 0)))
             self.step_tokens.labels(model, "prefill").inc(int(ev.get("prefill_tokens", 0)))
+            self.cache_hits.labels(model).inc(int(ev.get("cached_tokens", 0)))
+            self.cache_queries.labels(model).inc(int(ev.get("admitted_tokens", 0)))
+            self.kv_cached.labels(model).set(int(ev.get("kv_cached", 0)))
             self._set_gauges(model, ev.get("running", 0), ev.get("waiting", 0), ev.get("kv_used", 0),
                              ev.get("kv_total", 0))
             return
@@ -103,9 +114,12 @@ class Metrics:
         for name, engine in engines:
             s = engine.stats()
             self._set_gauges(name, s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_total)
+            self.kv_cached.labels(name).set(s.kv_blocks_cached)
+            self.cache_hit_rate.labels(name).set(s.cache_hit_rate)
             live.add(name)
         for gone in self._models_seen - live:
-            for g in (self.running, self.queue_depth, self.kv_used, self.kv_total, self.kv_usage):
+            for g in (self.running, self.queue_depth, self.kv_used, self.kv_total, self.kv_usage, self.kv_cached,
+                      self.cache_hit_rate):
                 try:
                     g.remove(gone)
                 except KeyError:

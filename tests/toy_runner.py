@@ -31,6 +31,7 @@ class ByteTokenizer:
 
 class ToyRunner:
     backend = "toy"
+    prefix_caching = True
     chat_template = None
 
     def __init__(self, num_kv_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 4,

@@ -54,6 +54,7 @@ class MlxRunner:
     """A loaded model on MLX (see base.Runner)."""
 
     backend = "mlx"
+    prefix_caching = True  # KV lives in the engine's blocks, so shared prefix blocks need nothing more
 
     def __init__(self, model_path: str, settings: RunnerSettings) -> None:
         t0 = time.perf_counter()

@@ -50,6 +50,7 @@ class TorchRunner:
     """A loaded model on torch (see base.Runner)."""
 
     backend = "torch"
+    prefix_caching = True  # KV lives in the engine's blocks, so shared prefix blocks need nothing more
 
     def __init__(self, model_path: str, settings: RunnerSettings) -> None:
         t0 = time.perf_counter()

@@ -53,6 +53,7 @@ class EngineConfig:
     target_itl_ms: float | None = 0.0  # > 0: adaptive, latency-targeted budget; None: by device; 0: fixed
     max_queue: int = 512
     context_length: int | None = None  # per-sequence window; None = the model's
+    prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (where the runner supports it)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -69,6 +70,13 @@ class EngineStats:
     kv_blocks_total: int
     steps: int
     block_size: int
+    kv_blocks_cached: int = 0  # blocks holding a reusable prefix (in use or free)
+    cache_hit_tokens: int = 0  # tokens served from the prefix cache at admission, since load
+    cache_query_tokens: int = 0  # tokens looked up at admission, since load
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cache_hit_tokens / self.cache_query_tokens if self.cache_query_tokens else 0.0
 
 
 class _SeqState:
@@ -113,12 +121,19 @@ class Engine:
         self.name = name
         max_seqs = min(self.config.max_num_seqs or runner.max_num_seqs, runner.max_num_seqs)
         self.block_size = runner.block_size
-        self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size)
+        # A runner declares it reads shared blocks correctly (`prefix_caching = True`); one that keeps KV outside
+        # the block pool also implements drop_blocks (and take_uncached) to mirror the cache (see docs/engine-api.md).
+        caching = self.config.prefix_caching and bool(getattr(runner, "prefix_caching", False))
+        self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching)
+        self._drop_blocks = getattr(runner, "drop_blocks", None)
+        self._take_uncached = getattr(runner, "take_uncached", None)
+        self.cache_hit_tokens = 0
+        self.cache_query_tokens = 0
         self.policy = make_budget_policy(self.config, runner)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk,
                             getattr(runner, "max_batch_tokens", None)), self.blocks, self.policy,
-            on_release=runner.free)
+            on_release=self._release_slot)
         self.context_length = min(self.config.context_length or runner.info.context_length, runner.info.context_length)
         self.eos_ids = set(runner.tokenizer.eos_ids)
         self._states: dict[int, _SeqState] = {}
@@ -192,7 +207,8 @@ class Engine:
 
     def _snapshot(self) -> EngineStats:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_used,
-                           self.blocks.num_blocks, self.steps, self.block_size)
+                           self.blocks.num_blocks, self.steps, self.block_size, self.blocks.num_cached,
+                           self.cache_hit_tokens, self.cache_query_tokens)
 
     def run_once(self) -> bool:
         """Handle queued calls and run one step in the caller's thread (tests, benchmarks; no loop thread).
@@ -223,6 +239,11 @@ class Engine:
             self._thread = None
 
     # ---- engine thread ----
+    def _release_slot(self, slot: int) -> None:
+        self.runner.free(slot)
+        if self._take_uncached is not None:  # the runner had to drop cached KV of its own accord
+            self.blocks.uncache(self._take_uncached())
+
     def _post(self, kind: str, payload: Any) -> None:
         with self._cv:
             self._inbox.append((kind, payload))
@@ -283,8 +304,13 @@ class Engine:
                 span.seq.metrics.queue_ns = now - span.seq.t_arrival
                 self._publish_request(span.seq, "scheduled")
         batch = plan.to_batch(self.block_size)
+        self.cache_hit_tokens += plan.cache_hit_tokens
+        self.cache_query_tokens += plan.cache_query_tokens
+        forgotten = self.blocks.take_forgotten()
         t0 = time.perf_counter()
         try:
+            if forgotten and self._drop_blocks is not None:
+                self._drop_blocks(forgotten)
             logits = self.runner.step(batch)
         except Exception as e:  # noqa: BLE001 - only this step's sequences fail
             log.exception("forward pass failed; failing the %d sequences of this step", len(plan.spans))
@@ -295,6 +321,7 @@ class Engine:
         self.steps += 1
         for span in plan.spans:
             span.seq.num_computed += span.num_tokens
+            self.blocks.commit(span.seq)
         sampled = [s for s in plan.spans if s.need_logits]
         if sampled:
             seqs = [s.seq for s in sampled]
@@ -383,6 +410,8 @@ class Engine:
             "step_ms": dt * 1e3, "forward_ms": forward * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
             "kv_total": self.blocks.num_blocks, "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),
+            "cached_tokens": plan.cache_hit_tokens, "admitted_tokens": plan.cache_query_tokens,
+            "kv_cached": self.blocks.num_cached,
         })
 
     def _publish_request(self, seq: Sequence, event: str, **extra: Any) -> None:

@@ -1,5 +1,16 @@
-"""KV accounting: fixed-size blocks and sequence slots. The backend owns the memory; this owns who holds what."""
+"""KV accounting: fixed-size blocks and sequence slots. The backend owns the memory; this owns who holds what.
+
+Automatic prefix caching (as in vLLM and nano-vllm): a block full of computed tokens is keyed by a hash of
+(its parent's key, its token ids), so equal prefixes have equal keys. Blocks are reference counted; a block
+nobody holds keeps its contents and key on an LRU list until it is handed out again, so a finished
+conversation stays cached while memory allows. Only full blocks are shared and a sequence only ever writes
+past its cached prefix, so a shared block is never written.
+"""
 from __future__ import annotations
+
+import collections
+import hashlib
+from array import array
 
 from .sequence import Sequence
 
@@ -8,50 +19,155 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-class BlockManager:
-    """A free list of KV blocks; a sequence's block table grows as its computed tokens grow."""
+def block_key(parent: bytes, tokens: list[int]) -> bytes:
+    """128-bit key of a full block: its parent's key chained with its token ids (collisions: ~2^-64)."""
+    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+
+class BlockManager:
+    """Reference-counted KV blocks; full computed blocks are cached by prefix key until evicted (LRU)."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
-        self._owner: dict[int, int] = {}  # block -> seq_id, to catch double frees
+        self.prefix_caching = prefix_caching
+        self._ref = [0] * num_blocks
+        self._key: list[bytes | None] = [None] * num_blocks  # set while the block is in the cache
+        self._cached: dict[bytes, int] = {}  # key -> block
+        self._free = list(range(num_blocks - 1, -1, -1))  # free and uncached; pop() hands out low ids first
+        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()  # free but cached, oldest first
+        # Blocks whose contents nobody will read again (freed uncached, or evicted from the cache) since the
+        # engine last looked: a runner that keeps KV outside the block pool (llama.cpp) drops them.
+        self.forgotten: list[int] = []
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks nobody holds, cached ones included: those are evicted before anyone is preempted."""
+        return len(self._free) + len(self._lru)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks holding a cached prefix (in use or free)."""
+        return len(self._cached)
+
+    def refcount(self, block: int) -> int:
+        return self._ref[block]
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         return max(0, blocks_for(seq.num_computed + num_new_tokens, self.block_size) - len(seq.block_table))
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.blocks_needed(seq, num_new_tokens) <= len(self._free)
+        return self.blocks_needed(seq, num_new_tokens) <= self.num_free
 
     def max_new_tokens(self, seq: Sequence) -> int:
         """How many new tokens `seq` could take with the blocks it holds plus every free block."""
-        return (len(seq.block_table) + len(self._free)) * self.block_size - seq.num_computed
+        return (len(seq.block_table) + self.num_free) * self.block_size - seq.num_computed
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         need = self.blocks_needed(seq, num_new_tokens)
-        if need > len(self._free):
-            raise RuntimeError(f"out of KV blocks: need {need}, {len(self._free)} free")
+        if need > self.num_free:
+            raise RuntimeError(f"out of KV blocks: need {need}, {self.num_free} free")
         for _ in range(need):
-            b = self._free.pop()
-            self._owner[b] = seq.seq_id
+            b = self._take()
+            self._ref[b] = 1
             seq.block_table.append(b)
 
+    def _take(self) -> int:
+        if self._free:
+            return self._free.pop()
+        b, _ = self._lru.popitem(last=False)  # evict the least recently used cached block
+        key = self._key[b]
+        self._key[b] = None
+        if key is not None and self._cached.get(key) == b:
+            del self._cached[key]
+        self.forgotten.append(b)
+        return b
+
     def free(self, seq: Sequence) -> None:
-        for b in seq.block_table:
-            if self._owner.pop(b, None) != seq.seq_id:
-                raise RuntimeError(f"block {b} freed by seq {seq.seq_id} which does not own it")
-            self._free.append(b)
+        # Tail blocks first, so that the LRU list evicts a sequence's end before its (more shared) start.
+        for b in reversed(seq.block_table):
+            if self._ref[b] <= 0:
+                raise RuntimeError(f"block {b} freed by seq {seq.seq_id} but nobody holds it")
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                if self._key[b] is not None:
+                    self._lru[b] = None
+                else:
+                    self._free.append(b)
+                    self.forgotten.append(b)
         seq.block_table = []
+        seq.num_registered = 0
+
+    def acquire_prefix(self, seq: Sequence) -> int:
+        """At admission: share the longest cached run of `seq`'s full blocks and count it as computed.
+
+        At least the last known token is left to compute (its logits are needed). Returns the tokens shared."""
+        if seq.block_table or seq.num_computed:
+            raise RuntimeError(f"seq {seq.seq_id} already holds KV; a prefix is acquired only at admission")
+        if not self.prefix_caching:
+            return 0
+        for i in range(min((seq.num_tokens - 1) // self.block_size, len(self._cached))):
+            b = self._cached.get(self._seq_key(seq, i))
+            if b is None:
+                break
+            if self._ref[b] == 0:
+                del self._lru[b]
+            self._ref[b] += 1
+            seq.block_table.append(b)
+        n = len(seq.block_table) * self.block_size
+        seq.num_computed = n
+        seq.num_registered = len(seq.block_table)
+        return n
+
+    def release_prefix(self, seq: Sequence) -> None:
+        """Undo `acquire_prefix` for a sequence that could not be admitted after all."""
+        self.free(seq)
+        seq.num_computed = 0
+
+    def commit(self, seq: Sequence) -> None:
+        """After a step: cache `seq`'s blocks that are now full of computed tokens."""
+        if not self.prefix_caching:
+            return
+        full = seq.num_computed // self.block_size
+        for i in range(seq.num_registered, full):
+            key = self._seq_key(seq, i)
+            b = seq.block_table[i]
+            if key not in self._cached and self._key[b] is None:  # a twin computed concurrently keeps the entry
+                self._cached[key] = b
+                self._key[b] = key
+        seq.num_registered = max(seq.num_registered, full)
+
+    def _seq_key(self, seq: Sequence, i: int) -> bytes:
+        """Key of `seq`'s i-th full block; memoised on the sequence (its known tokens never change)."""
+        keys = seq.block_keys
+        bs = self.block_size
+        while len(keys) <= i:
+            j = len(keys)
+            keys.append(block_key(keys[-1] if keys else b"", seq.tokens(j * bs, (j + 1) * bs)))
+        return keys[i]
+
+    def take_forgotten(self) -> list[int]:
+        out, self.forgotten = self.forgotten, []
+        return out
+
+    def uncache(self, blocks: list[int]) -> None:
+        """The runner lost these blocks' contents (llama.cpp dropped a cached sequence): no more hits on them."""
+        for b in blocks:
+            key = self._key[b]
+            if key is None:
+                continue
+            self._key[b] = None
+            if self._cached.get(key) == b:
+                del self._cached[key]
+            if self._ref[b] == 0:
+                del self._lru[b]
+                self._free.append(b)
 
 
 class SlotPool:

@@ -37,6 +37,8 @@ class StepPlan:
     prefill_tokens: int = 0
     budget: int = 0  # the step's token budget (decodes + prefill allowance)
     preempted: list[Sequence] = field(default_factory=list)
+    cache_hit_tokens: int = 0  # tokens of this step's admissions served from the prefix cache
+    cache_query_tokens: int = 0  # tokens of this step's admissions
 
     @property
     def num_tokens(self) -> int:
@@ -127,9 +129,15 @@ class Scheduler:
         # 3. Admissions, FCFS, while slots, blocks and budget allow; none in a step that preempted.
         while self.waiting and not plan.preempted and self.slots.num_free:
             seq = self.waiting[0]
+            hit = self.blocks.acquire_prefix(seq)  # a cached prefix counts as computed: no special case below
             n = self._cap(self._chunk(seq, allowance, monolithic, first=not plan.prefill_tokens), hard_left, plan)
             if n <= 0 or not self.blocks.can_allocate(seq, n):
+                self.blocks.release_prefix(seq)
                 break
+            if seq.t_first_scheduled is None:
+                seq.metrics.cached_tokens = min(hit, len(seq.prompt_ids))
+            plan.cache_hit_tokens += hit
+            plan.cache_query_tokens += seq.num_tokens
             self.waiting.popleft()
             seq.slot = self.slots.acquire()
             seq.status = Status.RUNNING

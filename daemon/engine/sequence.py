@@ -32,6 +32,7 @@ class RequestMetrics:
     itl_ns: list[int] = field(default_factory=list)  # every gap between consecutive generated tokens
     queue_ns: int = 0  # arrival -> first scheduled
     preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at (first) admission
 
     def as_ollama(self) -> dict[str, int]:
         return {
@@ -113,6 +114,8 @@ class Sequence:
         self.num_computed = 0  # tokens whose KV exists in the backend
         self.slot: int | None = None
         self.block_table: list[int] = []
+        self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (kv.BlockManager memo)
+        self.num_registered = 0  # leading blocks of block_table already in the prefix cache
         self.finish_reason: str | None = None
         self.abort_requested = False
         self.metrics = RequestMetrics(prompt_eval_count=len(self.prompt_ids))

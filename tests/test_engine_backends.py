@@ -81,3 +81,44 @@ def test_preemption_recompute_matches_undisturbed(runner):
     tight.subscribe(lambda e: preempted.append(e["preempted"]) if e["type"] == "step" else None)
     assert drive(tight, prompts, num_predict=24) == roomy
     assert sum(preempted) > 0
+
+
+def ask(engine: Engine, prompt: list[int], num_predict: int) -> tuple[list[int], int]:
+    """Greedy tokens and the prompt tokens served from the prefix cache."""
+    stream = engine.submit(prompt, SamplingParams(temperature=0, num_predict=num_predict), loop=None)
+    while engine.run_once():
+        pass
+    deltas = list(stream)
+    return [t for d in deltas for t in d.token_ids], deltas[-1].metrics.cached_tokens
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 1000), shared=st.sampled_from([15, 16, 17, 31, 32, 33, 48, 70]),
+       tail=st.integers(1, 20), chunk=st.sampled_from([None, 16, 7]))
+def test_greedy_output_identical_with_and_without_a_prefix_hit(runner, seed, shared, tail, chunk):
+    """Same document, new question: the hit is every full 16-token block of the shared part, output unchanged."""
+    rng = random.Random(seed)
+    vocab = runner.info.vocab_size
+    doc = [rng.randrange(10, vocab - 64) for _ in range(shared)]
+    first = doc + [rng.randrange(10, vocab - 64) for _ in range(5)]
+    second = doc + [rng.randrange(10, vocab - 64) for _ in range(tail)]
+    cfg = dict(max_num_batched_tokens=64, max_prefill_chunk=chunk)
+    warm = Engine(runner, EngineConfig(**cfg))
+    ask(warm, first, 4)
+    warm_out, hit = ask(warm, second, 8)
+    assert hit == (shared // 16) * 16 and warm.stats().cache_hit_tokens == hit
+    cold_out, cold_hit = ask(Engine(runner, EngineConfig(prefix_caching=False, **cfg)), second, 8)
+    assert cold_hit == 0 and warm_out == cold_out
+
+
+def test_next_chat_turn_reuses_prompt_and_answer(runner):
+    """A chat resends prompt + answer + a follow-up: both the prompt and the answer's full blocks are hits."""
+    rng = random.Random(3)
+    vocab = runner.info.vocab_size
+    prompt = [rng.randrange(10, vocab - 64) for _ in range(40)]
+    eng = Engine(runner, EngineConfig(max_num_batched_tokens=64))
+    answer, _ = ask(eng, prompt, 30)
+    turn = prompt + answer + [rng.randrange(10, vocab - 64) for _ in range(6)]
+    out, hit = ask(eng, turn, 6)
+    assert hit == ((len(prompt) + len(answer) - 1) // 16) * 16 > len(prompt)
+    assert out == ask(Engine(runner, EngineConfig(prefix_caching=False, max_num_batched_tokens=64)), turn, 6)[0]

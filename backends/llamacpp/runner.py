@@ -20,6 +20,7 @@ from . import amx
 from .embedder import Embedder
 from .gguf_info import GGUFHeader, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
+from .prefix import PrefixCells
 from .tokenizer import LlamaCppTokenizer
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 _KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30}  # GGML_TYPE_F16 / F32 / BF16
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
+PREFIX_HOLDERS = 24  # finished sequences whose cells the prefix cache can keep at once
 
 
 # our own binding returning a plain int address (llama_cpp's returns a POINTER object, slow to view)
@@ -55,6 +57,7 @@ class LlamaCppRunner:
     """A GGUF model on llama.cpp with one generation context (unified KV, `max_num_seqs` sequences)."""
 
     backend = "llamacpp"
+    prefix_caching = True  # finished sequences' cells stay shared in the unified cache (prefix.py)
 
     def __init__(self, model_path: str, settings: RunnerSettings):
         if settings.max_num_seqs is not None and not 1 <= settings.max_num_seqs <= L.llama_max_parallel_sequences():
@@ -105,11 +108,17 @@ class LlamaCppRunner:
         elem = 4 if settings.dtype == "float32" else 2
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
                                                   kv_bytes_per_token(self.info, header, elem))
+        # Spare sequence ids hold finished sequences' cells for the prefix cache (one per cached conversation). In a
+        # unified cache an id costs no KV memory, but llama.cpp sizes its logits buffer by n_seq_max rows.
+        self._holder_ids = min(PREFIX_HOLDERS, int(L.llama_max_parallel_sequences()) - self.max_num_seqs)
         self._ctx = self._new_context(n_ctx, settings)
         # llama.cpp may pad n_ctx; the scheduler must never count more than the cache really holds
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
         self.num_kv_blocks = self.n_ctx // self.block_size
         self._mem = L.llama_get_memory(self._ctx)
+        self._cells = PrefixCells(self.max_num_seqs, self._holder_ids, self.block_size,
+                                  lambda seq, p0, p1: L.llama_memory_seq_rm(self._mem, seq, p0, p1),
+                                  lambda src, dst, p0, p1: L.llama_memory_seq_cp(self._mem, src, dst, p0, p1))
         # llama.cpp clamps n_batch to n_ctx: a step can never carry more tokens than that
         self._alloc_batch(int(L.llama_n_batch(self._ctx)))
         self.max_batch_tokens = self._cap
@@ -137,8 +146,8 @@ class LlamaCppRunner:
         # micro-batches inside that call, which is faster on a CPU than one huge attention matrix.
         cp.n_batch = max(settings.max_num_batched_tokens, 1)
         cp.n_ubatch = min(cp.n_batch, 512)
-        cp.n_seq_max = self.max_num_seqs
-        cp.n_outputs_max = self.max_num_seqs  # at most one logits row per sequence per step
+        cp.n_seq_max = self.max_num_seqs + self._holder_ids
+        cp.n_outputs_max = cp.n_seq_max  # one logits row per sequence per step; llama.cpp wants n_seq_max rows
         cp.kv_unified = True
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.no_perf = True
@@ -194,8 +203,8 @@ class LlamaCppRunner:
             if not 0 <= s.slot < self.max_num_seqs or s.length < 1:
                 raise ValueError(f"bad span: slot {s.slot} (allowed [0, {self.max_num_seqs})), length {s.length} (>= 1)")
             seq[s.start : s.start + s.length] = s.slot
-            if s.start_pos == 0:  # a fresh sequence: drop anything a previous user of the slot left
-                L.llama_memory_seq_rm(self._mem, s.slot, -1, -1)
+            # a fresh slot: clear it, and share its cached prefix (start_pos > 0) from the sequence holding it
+            self._cells.begin(s.slot, s.start_pos, s.length, s.block_table)
             if s.need_logits:
                 rows.append(s.start + s.length - 1)
         if rows:
@@ -236,11 +245,24 @@ class LlamaCppRunner:
         raise RuntimeError(f"llama_decode failed with code {rc}{': ' + detail if detail else ''}")
 
     def free(self, slot: int) -> None:
-        """Forget the KV of a slot (finish, abort, preempt)."""
+        """The slot's sequence ended (finish, abort, preempt): its cells stay cached until `drop_blocks`."""
         if not 0 <= slot < self.max_num_seqs:
             raise ValueError(f"slot {slot} outside [0, {self.max_num_seqs})")
         if self._ctx is not None:
-            L.llama_memory_seq_rm(self._mem, slot, -1, -1)
+            self._cells.free(slot)
+
+    def drop_blocks(self, blocks: list[int]) -> None:
+        """Remove the cells of blocks the engine will not read again (freed uncached, or evicted)."""
+        if self._ctx is not None:
+            self._cells.drop_blocks(blocks)
+
+    def take_uncached(self) -> list[int]:
+        """Blocks whose cells went with a dropped holder (out of holder ids): no longer cached."""
+        return self._cells.take_uncached()
+
+    def reset_prefix_cache(self) -> None:
+        if self._ctx is not None:
+            self._cells.reset()
 
     def cached_tokens(self, slot: int) -> int:
         """How many positions of `slot` llama.cpp holds in its KV cache (0 when empty)."""

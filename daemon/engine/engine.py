@@ -125,6 +125,8 @@ class Engine:
         # the block pool also implements drop_blocks (and take_uncached) to mirror the cache (see docs/engine-api.md).
         caching = self.config.prefix_caching and bool(getattr(runner, "prefix_caching", False))
         self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching)
+        if hasattr(runner, "reset_prefix_cache"):  # a new engine knows nothing the runner may still hold
+            runner.reset_prefix_cache()
         self._drop_blocks = getattr(runner, "drop_blocks", None)
         self._take_uncached = getattr(runner, "take_uncached", None)
         self.cache_hit_tokens = 0

@@ -1,0 +1,154 @@
+"""Prefix sharing in llama.cpp's unified KV cache, mirroring the engine's cached blocks.
+
+The engine decides hits (daemon/engine/kv.py); here we keep the cells of those blocks alive and hand them to
+a new sequence. In a unified cache a cell can belong to several sequences, so `llama_memory_seq_cp` shares
+cells without copying data. A finished slot's cells move to a spare "holder" sequence id; a hit copies the
+prefix's positions from whichever sequence holds each block; a block the engine forgets (freed uncached or
+evicted) has its cells removed with `llama_memory_seq_rm`. Holder ids are finite: when none is left the
+least recently used holder is dropped and its blocks reported back, so the engine stops counting on them.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+# (seq_id, p0, p1) -> remove positions [p0, p1) of seq_id (-1 = open end); (src, dst, p0, p1) -> share
+RemoveFn = Callable[[int, int, int], None]
+CopyFn = Callable[[int, int, int, int], None]
+
+
+class PrefixCells:
+    """Which llama.cpp sequences (live slots and holders) hold the cells of which engine blocks."""
+
+    def __init__(self, num_slots: int, num_holders: int, block_size: int, remove: RemoveFn, copy: CopyFn) -> None:
+        self.num_slots, self.block_size = num_slots, block_size
+        self._remove, self._copy = remove, copy
+        self._tables: dict[int, list[int | None]] = {}  # seq id -> its blocks by position (None: dropped)
+        self._where: dict[int, set[int]] = {}  # block -> seq ids whose cells hold it
+        self._index: dict[int, int] = {}  # block -> its position in every table that holds it
+        self._spare = list(range(num_slots + num_holders - 1, num_slots - 1, -1))
+        self._holders: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
+        self.uncached: list[int] = []  # blocks lost by dropping a holder, for the engine to uncache
+
+    @property
+    def num_holders(self) -> int:
+        return len(self._holders)
+
+    def begin(self, slot: int, start_pos: int, length: int, table: list[int]) -> None:
+        """Before a span is decoded: on a fresh slot share its cached prefix; record the blocks it writes."""
+        known = self._tables.get(slot)
+        if known is None or start_pos == 0:
+            if known is not None:
+                self.free(slot)
+            if start_pos == 0 or table:
+                self._remove(slot, -1, -1)  # whatever an earlier user of the slot left
+            known = self._tables[slot] = []
+            if start_pos and table:
+                self._share(slot, table[: start_pos // self.block_size])
+        # a caller without block tables (a test driving the runner directly) gets no prefix cache
+        bs = self.block_size
+        for i in range(len(known), min(-(-(start_pos + length) // bs), len(table))):
+            self._add(slot, i, table[i])
+
+    def _add(self, seq: int, i: int, block: int) -> None:
+        self._tables[seq].append(block)
+        self._where.setdefault(block, set()).add(seq)
+        self._index[block] = i
+
+    def _share(self, slot: int, blocks: list[int]) -> None:
+        src, run_start = None, 0
+        runs: list[tuple[int, int, int]] = []
+        for i, b in enumerate(blocks):
+            holders = self._where.get(b)
+            if not holders or self._index.get(b) != i:
+                raise RuntimeError(f"prefix block {b} (position {i * self.block_size}) is not held in the llama.cpp "
+                                   "cache; the engine and the runner disagree")
+            if src not in holders:
+                if src is not None:
+                    runs.append((src, run_start, i))
+                src, run_start = min(holders), i
+        if src is not None:
+            runs.append((src, run_start, len(blocks)))
+        bs = self.block_size
+        for s, i0, i1 in runs:
+            self._copy(s, slot, i0 * bs, i1 * bs)
+            if s in self._holders:
+                self._holders.move_to_end(s)
+        for i, b in enumerate(blocks):
+            self._add(slot, i, b)
+
+    def free(self, slot: int) -> None:
+        """The slot's sequence ended: keep its cells under a holder id unless other sequences hold them all."""
+        table = self._tables.pop(slot, None) or []
+        alone = [b for b in table if b is not None and self._where.get(b) == {slot}]
+        holder = None
+        if alone and not self._spare and not self._holders:  # no holder ids at all: nothing can stay cached
+            for b in alone:
+                del self._where[b], self._index[b]
+            self.uncached.extend(alone)
+            alone = []
+        if alone:
+            if not self._spare:
+                self._drop_holder(next(iter(self._holders)))
+            holder = self._spare.pop()
+            self._copy(slot, holder, -1, -1)
+            self._tables[holder] = list(table)
+            self._holders[holder] = None
+        for b in table:
+            if b is None or b not in self._where:
+                continue
+            seqs = self._where[b]
+            seqs.discard(slot)
+            if holder is not None:
+                seqs.add(holder)
+        self._remove(slot, -1, -1)
+
+    def drop_blocks(self, blocks: list[int]) -> None:
+        """The engine will never read these blocks again: remove their cells from every holder."""
+        bs = self.block_size
+        for b in blocks:
+            seqs = self._where.pop(b, None)
+            if not seqs:
+                continue
+            i = self._index.pop(b)
+            for s in seqs:
+                if s < self.num_slots:
+                    raise RuntimeError(f"block {b} dropped while live slot {s} holds it")
+                self._remove(s, i * bs, (i + 1) * bs)
+                table = self._tables[s]
+                table[i] = None
+                if all(x is None for x in table):
+                    self._release_holder(s)
+
+    def _drop_holder(self, h: int) -> None:
+        for b in self._tables.get(h, []):
+            if b is None:
+                continue
+            seqs = self._where[b]
+            seqs.discard(h)
+            if not seqs:
+                del self._where[b]
+                del self._index[b]
+                self.uncached.append(b)
+        self._remove(h, -1, -1)
+        self._release_holder(h)
+
+    def _release_holder(self, h: int) -> None:
+        self._tables.pop(h, None)
+        self._holders.pop(h, None)
+        self._spare.append(h)
+
+    def take_uncached(self) -> list[int]:
+        out, self.uncached = self.uncached, []
+        return out
+
+    def reset(self) -> None:
+        """Forget every holder and slot (a new engine starts with an empty cache)."""
+        for seq in list(self._tables):
+            self._remove(seq, -1, -1)
+        for h in list(self._holders):
+            self._release_holder(h)
+        self._tables.clear()
+        self._where.clear()
+        self._index.clear()
+        self.uncached.clear()

@@ -349,3 +349,26 @@ def test_events_carry_content_with_log_content(tmp_path: Path, synthetic_model) 
         assert queued["user"] == {"model": "tiny:latest", "endpoint": "/v1/completions", "prompt": "another secret"}
     finally:
         d.stop()
+
+
+def test_prefix_cache_hits_reported_over_http(daemon: Daemon, client: ollama.Client) -> None:
+    """A second question about the same document: steps report cached tokens, /metrics counts them, and
+    prompt_eval_count stays the whole prompt (as Ollama's runner reports it with a warm cache)."""
+    doc = "Document: " + " ".join(f"line {i} of the shared report." for i in range(40))
+    opts = {"temperature": 0, "num_predict": 3}
+    first = client.generate("tiny", doc + "\nFirst question?", options=opts)
+    with httpx.stream("GET", daemon.url + "/api/events", timeout=30) as ev:
+        lines = ev.iter_lines()
+        assert json.loads(next(lines))["type"] == "hello"
+        second = client.generate("tiny", doc + "\nSecond question?", options=opts)
+        cached = 0
+        for line in lines:
+            e = json.loads(line)
+            cached += e.get("cached_tokens", 0) if e["type"] == "step" else 0
+            if e.get("event") == "finished":
+                break
+    assert cached >= 64, "the shared document should have been served from the prefix cache"
+    assert second.prompt_eval_count >= first.prompt_eval_count - 2 > cached  # the whole prompt, cached or not
+    hits = [float(line.rsplit(" ", 1)[1]) for line in httpx.get(daemon.url + "/metrics").text.splitlines()
+            if line.startswith('evenflow_prefix_cache_hit_tokens_total{model="tiny:latest"}')]
+    assert hits and hits[0] >= cached

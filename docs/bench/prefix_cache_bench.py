@@ -184,6 +184,7 @@ def main() -> None:
             for n in lengths:
                 row = {"server": server, "doc_tokens": n,
                        **scenario(url, model, docs[n], random.Random(args.seed * 7 + n))}
+                row["load_avg"] = round(os.getloadavg()[0], 1)  # the machine may be shared: record how busy
                 if server == "evenflow":
                     row["metrics"] = cache_metrics(url)
                 res["rows"].append(row)

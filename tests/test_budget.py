@@ -95,3 +95,29 @@ def test_full_speed_when_nobody_is_streaming_and_fixed_policy():
     pol = AdaptiveBudget(150, max_tokens=2048)
     assert pol.prefill_budget(0, 0) == 2048
     assert FixedBudget(256).prefill_budget(4, 100) == 252
+
+
+def test_shared_kv_chunks_hold_the_target_when_every_query_attends_the_whole_cache():
+    """llama.cpp's unified cache: a step of D decodes + P prompt tokens pays (D+P)*(held+D+P) pairs. Told
+    that form, the policy's chunks keep the step under the target while the cache fills."""
+    pol = AdaptiveBudget(150, max_tokens=2048, tile=1, floor=4)
+    held, out = 4 * 300, []
+    for _ in range(400):
+        d = 4
+        chunk = pol.prefill_budget(d, d * (held + d), held + 2 * d - 1, quad=1.0)
+        w = (d + chunk) * (held + d + chunk)
+        t = cost(CPU, d, chunk, w)
+        pol.observe(StepCost(d, chunk, w, t))
+        out.append((chunk, t, held))
+        held += d + chunk
+    late = out[40:]
+    assert all(t <= 0.150 + 1e-9 or chunk == 4 for chunk, t, _ in late)
+    # near the frontier: two more tokens would have gone past the policy's aim (0.97 x target)
+    assert all(cost(CPU, 4, c + 2, (6 + c) * (h + 6 + c)) > 0.97 * 0.150 for c, _, h in late if c > 4)
+    # the old per-sequence form would have overestimated the room: it ignores what the decodes attend
+    old = AdaptiveBudget(150, max_tokens=2048, tile=1, floor=4)
+    old.coef, old.noise, old._last_mix_decodes = pol.coef, 0.0, 4
+    old._rows, old._y = pol._rows, pol._y
+    h = held
+    c_old = old.prefill_budget(4, 4 * 300, h - 4 * 300)
+    assert cost(CPU, 4, c_old, (4 + c_old) * (h + 4 + c_old)) > 0.150

@@ -75,3 +75,24 @@ def test_scheduler_invariants(reqs, budget, chunk, blocks, block_size, max_seqs,
     assert all(s.status is Status.FINISHED for s, _, _ in seqs)
     assert bm.num_free == bm.num_blocks and sched.slots.num_free == max_seqs
     assert not sched.running and not sched.waiting
+
+
+def test_shared_kv_attention_work_counts_every_cached_cell():
+    """With a shared cache each of a step's tokens attends what every sequence holds, masked or not."""
+    bm = BlockManager(64, 4)
+    sched = Scheduler(SchedulerConfig("chunked", 4, None, None, shared_kv=True), bm, FixedBudget(8))
+    a = Sequence(list(range(10)), SamplingParams(temperature=0), 100)
+    b = Sequence(list(range(20)), SamplingParams(temperature=0), 100)
+    sched.add(a)
+    sched.add(b)
+    plan = sched.schedule()  # a: 8 of its 10 prompt tokens
+    assert plan.held == 0 and plan.num_tokens == 8 and plan.attention_work == 8 * 8
+    for s in plan.spans:
+        s.seq.num_computed += s.num_tokens
+    plan = sched.schedule()  # a's last 2 tokens, then b's first 6
+    assert plan.held == 8 and plan.num_tokens == 8
+    assert plan.attention_work == 8 * (8 + 8)
+    own = Scheduler(SchedulerConfig("chunked", 4, None, None), BlockManager(64, 4), FixedBudget(8))
+    own.add(Sequence(list(range(10)), SamplingParams(temperature=0), 100))
+    p = own.schedule()
+    assert p.held is None and p.attention_work == 8 * 9 // 2

@@ -58,6 +58,10 @@ class LlamaCppRunner:
 
     backend = "llamacpp"
     prefix_caching = True  # finished sequences' cells stay shared in the unified cache (prefix.py)
+    # One unified cache: each query of a step attends every cell up to the highest used one (other sequences'
+    # cells masked, not skipped), so a step costs (its tokens) x (tokens all sequences hold); the scheduler
+    # models that. Per-sequence streams (kv_unified=false) measured worse: a mixed step splits into ubatches.
+    shared_kv = True
 
     def __init__(self, model_path: str, settings: RunnerSettings):
         if settings.max_num_seqs is not None and not 1 <= settings.max_num_seqs <= L.llama_max_parallel_sequences():

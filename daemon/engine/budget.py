@@ -24,9 +24,9 @@ class StepCost:
 
 
 class BudgetPolicy(Protocol):
-    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0) -> int:
-        """Prompt tokens this step may take, given its decodes, their attention work (summed context
-        lengths) and the cached prefix of the first prompt in line."""
+    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0, quad: float = 0.5) -> int:
+        """Prompt tokens this step may take, given its decodes' attention work and the chunk's: a chunk of
+        P tokens attends P*prefill_start + quad*P*(P+1) (query, key) pairs."""
         ...
 
     def observe(self, cost: StepCost) -> None:
@@ -39,7 +39,7 @@ class FixedBudget:
     def __init__(self, max_num_batched_tokens: int) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens
 
-    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0) -> int:
+    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0, quad: float = 0.5) -> int:
         return max(0, self.max_num_batched_tokens - num_decodes)
 
     def observe(self, cost: StepCost) -> None:
@@ -57,7 +57,8 @@ class AdaptiveBudget:
     the same chunk at its start; e is the fixed price of a step carrying any chunk (llama.cpp switches to
     its batched kernels). The chunk is the largest P with
         a + b*D + e + d*(W_D + P*s + P(P+1)/2) + c*P <= margin*target
-    (a quadratic in P), rounded down to
+    (a quadratic in P; with a shared KV cache, where every query attends every cached cell, the scheduler
+    passes the terms of (D + P) * (held + D + P) instead), rounded down to
     a multiple of `tile` (16 on GPUs, where GEMMs run in tile waves and 257 rows cost like 272; 1 on
     CPUs, whose matmul cost is linear in rows, where rounding 28 down to 16 would waste 40% of the
     step), never below `floor` so ingestion always progresses. With no decodes
@@ -88,7 +89,7 @@ class AdaptiveBudget:
         self.decay = 0.95
         self._last_mix_decodes = -1
 
-    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0) -> int:
+    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0, quad: float = 0.5) -> int:
         room = self.max_tokens - num_decodes
         if num_decodes == 0:
             return room
@@ -96,11 +97,12 @@ class AdaptiveBudget:
             return max(self.floor, min(self._probe, room))
         a, b, e, c, d = self.coef
         slack = self.margin * self.target - self.noise - (a + b * num_decodes + e + d * decode_work)
-        lin = c + d * (prefill_start + 0.5)  # cost per chunk token, plus d/2 per token squared
+        lin = c + d * (prefill_start + quad)  # cost per chunk token, plus quad*d per token squared
+        q = quad * d
         if slack <= 0:
             chunk = 0.0
-        elif d > 0:
-            chunk = (-lin + math.sqrt(lin * lin + 2.0 * d * slack)) / d
+        elif q > 0:
+            chunk = (-lin + math.sqrt(lin * lin + 4.0 * q * slack)) / (2.0 * q)
         else:
             chunk = slack / lin if lin > 0 else room
         # Trust region: never extrapolate far beyond the chunk sizes the fit has actually measured, and when

@@ -134,7 +134,8 @@ class Engine:
         self.policy = make_budget_policy(self.config, runner)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk,
-                            getattr(runner, "max_batch_tokens", None)), self.blocks, self.policy,
+                            getattr(runner, "max_batch_tokens", None), getattr(runner, "shared_kv", False)),
+            self.blocks, self.policy,
             on_release=self._release_slot)
         self.context_length = min(self.config.context_length or runner.info.context_length, runner.info.context_length)
         self.eos_ids = set(runner.tokenizer.eos_ids)

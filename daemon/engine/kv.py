@@ -56,6 +56,11 @@ class BlockManager:
         """Blocks holding a cached prefix (in use or free)."""
         return len(self._cached)
 
+    @property
+    def num_cached_free(self) -> int:
+        """Blocks nobody holds that still keep a cached prefix."""
+        return len(self._lru)
+
     def refcount(self, block: int) -> int:
         return self._ref[block]
 

@@ -20,6 +20,12 @@ def attention_pairs(start: int, n: int) -> int:
     return n * start + n * (n + 1) // 2
 
 
+def shared_attention_pairs(held: int, n: int) -> int:
+    """(query, key) pairs when each of a step's n tokens attends every cell of a shared KV cache that held
+    `held` tokens before the step (llama.cpp's unified cache: other sequences' cells are masked, not skipped)."""
+    return n * (held + n)
+
+
 @dataclass
 class ScheduledSpan:
     seq: Sequence
@@ -39,6 +45,7 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)
     cache_hit_tokens: int = 0  # tokens of this step's admissions served from the prefix cache
     cache_query_tokens: int = 0  # tokens of this step's admissions
+    held: int | None = None  # tokens cached by all sequences before the step, when the KV cache is shared
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +54,8 @@ class StepPlan:
     @property
     def attention_work(self) -> int:
         """(query, key) pairs attended this step: the part of a step's cost that grows with context."""
+        if self.held is not None:
+            return shared_attention_pairs(self.held, self.num_tokens)
         return sum(attention_pairs(s.seq.num_computed, s.num_tokens) for s in self.spans)
 
     def to_batch(self, block_size: int) -> Batch:
@@ -63,6 +72,7 @@ class SchedulerConfig:
     max_num_seqs: int = 8
     max_prefill_chunk: int | None = None  # cap on one sequence's chunk per step (None = the budget)
     max_step_tokens: int | None = None  # the backend's hard limit on one forward pass (llama.cpp n_batch)
+    shared_kv: bool = False  # every query attends every cached cell (llama.cpp's unified cache)
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("chunked", "monolithic"):
@@ -93,6 +103,9 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        if self.config.shared_kv:
+            # cached prefixes nobody runs still occupy cells of the shared cache (llama.cpp's holders)
+            plan.held = sum(s.num_computed for s in self.running) + self.blocks.num_cached_free * self.blocks.block_size
         scheduled: set[int] = set()
         # 1. Decodes: one token each, never paused. Out of blocks -> preempt the newest sequence.
         for seq in list(self.running):
@@ -104,11 +117,10 @@ class Scheduler:
             plan.spans.append(ScheduledSpan(seq, 1))
             scheduled.add(seq.seq_id)
             plan.num_decodes += 1
-        decode_work = sum(s.seq.num_computed + 1 for s in plan.spans)
         nxt = next((s for s in self.running if s.seq_id not in scheduled and s.status is Status.RUNNING), None)
         if nxt is None and self.waiting:
             nxt = self.waiting[0]
-        allowance = self.policy.prefill_budget(plan.num_decodes, decode_work, nxt.num_computed) if nxt else 0
+        allowance = self._allowance(plan, nxt) if nxt else 0
         hard_left = (self.config.max_step_tokens - plan.num_decodes) if self.config.max_step_tokens else None
         plan.budget = plan.num_decodes + allowance
         monolithic = self.config.prefill_mode == "monolithic"
@@ -164,6 +176,16 @@ class Scheduler:
         plan.spans.append(ScheduledSpan(seq, n))
         plan.prefill_tokens += n
         scheduled.add(seq.seq_id)
+
+    def _allowance(self, plan: StepPlan, nxt: Sequence) -> int:
+        """The policy's prompt budget, told what the decodes and a chunk of P tokens will attend."""
+        d = plan.num_decodes
+        if plan.held is None:
+            decode_work = sum(s.seq.num_computed + 1 for s in plan.spans)
+            return self.policy.prefill_budget(d, decode_work, nxt.num_computed)
+        # (d + P) * (held + d + P) = d*(held + d) + P*(held + 2d) + P^2, in the policy's P*start + quad*P*(P+1) form
+        h = plan.held
+        return self.policy.prefill_budget(d, shared_attention_pairs(h, d), h + 2 * d - 1, quad=1.0)
 
     def _make_room(self, seq: Sequence, n: int, plan: StepPlan, scheduled: set[int]) -> bool:
         """Preempt the newest running sequences until `seq` can take `n` tokens; False if `seq` itself went."""

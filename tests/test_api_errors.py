@@ -244,7 +244,8 @@ def test_response_never_started_still_frees_its_sequence(daemon: Daemon, path: s
     assert not any(m.get("body") for m in sent)  # nothing was streamed: the body never ran
     m = daemon.ctx.manager.models[MODEL]
     deadline = time.monotonic() + 10
-    while (m.engine.stats().running or m.active) and time.monotonic() < deadline:
+    # wait for the abort itself too: the engine thread handles it after the handler has returned
+    while (m.engine.stats().running or m.active or _aborted(daemon) == aborted) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert m.active == 0 and m.engine.stats().running == 0 and kv_used(daemon, MODEL) == 0
     assert _aborted(daemon) == aborted + 1

@@ -112,6 +112,8 @@ def main() -> None:
     ap.add_argument("--budgets", default="16,64,256", help="fixed token budgets (chunked)")
     ap.add_argument("--targets", default="150", help="adaptive ITL targets in ms")
     ap.add_argument("--no-monolithic", action="store_true")
+    ap.add_argument("--ab-cost-model", action="store_true",
+                    help="also run each adaptive target with the per-sequence attention model on a shared-KV runner")
     ap.add_argument("--out", default=None, help="JSON path (default docs/bench/engine_stall_<backend>.json)")
     args = ap.parse_args()
 
@@ -129,8 +131,11 @@ def main() -> None:
         policies.append((f"chunked budget {b}", EngineConfig(max_num_batched_tokens=b)))
     if not args.no_monolithic:
         policies.append(("monolithic", EngineConfig(prefill_mode="monolithic", max_num_batched_tokens=max_tokens)))
+    if args.ab_cost_model and getattr(runner, "shared_kv", False):
+        policies += [(f"{n} (per-sequence cost model)", c) for n, c in policies if n.startswith("adaptive")]
     rows = []
     for name, cfg in policies:
+        runner.shared_kv = not name.endswith("(per-sequence cost model)") and type(runner).__dict__.get("shared_kv", False)
         r = run_policy(runner, cfg, args.streams, args.prompt_len, warm_tokens=4, before_tokens=args.before_tokens,
                        after_tokens=args.after_tokens, vocab=runner.info.vocab_size)
         r["policy"] = name

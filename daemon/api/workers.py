@@ -60,17 +60,11 @@ class WorkerPool:
             gone.cancel()
         if fut in done:
             return fut.result()
-        fut.cancel()  # not started yet: never runs; running: its result is dropped
-        fut.add_done_callback(_drop_result)
+        fut.cancel()  # not started yet: never runs; running: it ends in its thread and its result is dropped
         raise APIError(CLIENT_GONE, "the client disconnected")
 
     def shutdown(self) -> None:
         self._ex.shutdown(wait=False, cancel_futures=True)
-
-
-def _drop_result(fut: "asyncio.Future[Any]") -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.debug("abandoned work failed: %s", fut.exception())
 
 
 async def _disconnected(request: Request) -> None:

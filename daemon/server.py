@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from .api.errors import install_handlers
 from .api.events import EventHub
 from .api.guard import GuardMiddleware
+from .api.workers import WorkerPool
 from .config import Settings
 from .metrics import Metrics
 from .models import ModelManager
@@ -36,6 +37,7 @@ class AppContext:
     manager: ModelManager
     metrics: Metrics
     events: EventHub
+    workers: WorkerPool = field(default_factory=WorkerPool)  # requests' CPU work, off the event loop
     started: float = field(default_factory=time.time)
     closing: bool = False
     loop: asyncio.AbstractEventLoop | None = None
@@ -67,6 +69,7 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
         yield
         ctx.closing = True
         await manager.shutdown()
+        ctx.workers.shutdown()
 
     app = FastAPI(title="evenflow", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

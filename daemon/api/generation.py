@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import numpy as np
 from fastapi import Request
@@ -17,6 +17,9 @@ from ..config import keep_alive_seconds
 from ..engine.params import InvalidParams, SamplingParams
 from ..models import Lease, LoadedModel
 from .errors import SERVER_BUSY, APIError
+
+if TYPE_CHECKING:
+    from .prepare import Prepared
 
 log = logging.getLogger(__name__)
 
@@ -112,23 +115,22 @@ async def _watch_disconnect(request: Request, on_gone) -> None:
         return
 
 
-async def engine_stream(request: Request, lease: Lease, text: str, prompt_ids: list[int], params: SamplingParams,
-                        window: int, endpoint: str, t_start: int) -> "EngineChunks":
-    """Fit the request to the `window` and submit it; its output comes from the returned EngineChunks.
+async def engine_stream(request: Request, lease: Lease, prep: "Prepared", endpoint: str,
+                        t_start: int) -> "EngineChunks":
+    """Submit a prepared request; its output comes from the returned EngineChunks.
 
     Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses. The request's
-    events name the model and endpoint, and carry the prompt `text` when the daemon logs content.
+    events name the model and endpoint, and carry the prompt text when the daemon logs content.
     """
     from ..engine.engine import EngineStopped, PromptTooLong, QueueFull  # noqa: PLC0415
 
     model = lease.model
-    fit_to_context(prompt_ids, params, window, model)
     user = {"model": model.name, "endpoint": endpoint}
     if request.app.state.ctx.settings.log_content:
-        user["prompt"] = text
+        user["prompt"] = prep.text
     engine = model.engine
     try:
-        stream = engine.submit(prompt_ids, params, user=user)
+        stream = engine.submit(prep.prompt_ids, prep.params, user=user)
     except PromptTooLong as e:
         raise APIError(400, str(e)) from None
     except QueueFull:
@@ -211,11 +213,6 @@ async def collect(chunks: EngineChunks) -> Generation:
     return g
 
 
-def encode(model: LoadedModel, text: str, *, add_special: bool = True) -> list[int]:
-    """Tokenise with the model's tokenizer; BOS is added unless the rendered text already carries it."""
-    return list(model.runner.tokenizer.encode(text, add_special=add_special, parse_special=True))
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Embeddings
 
@@ -234,17 +231,9 @@ def pooling_type(model: LoadedModel) -> int:
     return v if v in (POOL_MEAN, POOL_CLS, POOL_LAST) else POOL_MEAN
 
 
-async def embed_text(lease: Lease, text: str, *, truncate: bool) -> tuple[np.ndarray, int]:
-    """One input -> pooled float32 vector and its token count (unnormalised)."""
+async def embed_ids(lease: Lease, ids: list[int]) -> np.ndarray:
+    """Prepared ids -> pooled float32 vector (unnormalised), computed on the engine thread."""
     model = lease.model
-    ids = encode(model, text)
-    ctx = model.context_length
-    if len(ids) > ctx:
-        if not truncate:
-            raise APIError(400, "the input length exceeds the context length")
-        ids = ids[:ctx]
-    if not ids:
-        raise APIError(400, "cannot embed an input that tokenises to nothing")
     try:
         hidden = await asyncio.wrap_future(model.engine.embed(ids))
     except NotImplementedError as e:
@@ -252,7 +241,7 @@ async def embed_text(lease: Lease, text: str, *, truncate: bool) -> tuple[np.nda
     h = np.asarray(hidden, dtype=np.float32)
     kind = pooling_type(model)
     vec = h[-1] if kind == POOL_LAST else h[0] if kind == POOL_CLS else h.mean(axis=0)
-    return vec.astype(np.float32), len(ids)
+    return vec.astype(np.float32)
 
 
 def normalise(vec: np.ndarray, dimensions: int | None = None) -> list[float]:

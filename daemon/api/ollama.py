@@ -9,10 +9,10 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from . import prompting
+from . import prepare, prompting
 from .errors import APIError, not_found, parse_body
-from .generation import (ClosingStreamingResponse, EngineChunks, check_num_ctx, collect, embed_text, engine_stream,
-                         normalise, now_rfc3339, parse_keep_alive, requested_num_ctx, sampling_params)
+from .generation import (ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise,
+                         now_rfc3339, parse_keep_alive, requested_num_ctx)
 from .ollama_models import router as models_router
 from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
@@ -39,17 +39,7 @@ async def version() -> JSONResponse:
     return JSONResponse({"version": VERSION})
 
 
-def check_format(fmt: Any) -> None:
-    """Structured outputs (a JSON grammar) are not implemented: say so rather than ignore the request."""
-    if fmt is None or fmt == "":
-        return
-    if fmt == "json" or isinstance(fmt, dict):
-        raise APIError(400, "structured outputs are not supported yet (format \"json\" or a JSON schema)")
-    raise APIError(400, f"invalid format: {json.dumps(fmt)}; expected \"json\" or a valid JSON Schema object")
-
-
 def _check_common(req: Any) -> None:
-    check_format(req.format)
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
         raise APIError(400, f"top_logprobs must be between 0 and 20, got {req.top_logprobs}")
     if req.logprobs or req.top_logprobs:
@@ -102,21 +92,13 @@ async def generate(request: Request) -> Response:
         return await _load_or_unload(request, req.model, keep_alive, {"response": ""})
     lease = await ctx.manager.acquire(req.model, keep_alive=keep_alive, num_ctx=num_ctx)
     try:
-        model = lease.model
-        window = check_num_ctx(model, num_ctx)
-        think = prompting.resolve_think(model, req.think)
-        if req.raw:
-            text, add_special = req.prompt or "", True
-        else:
-            text, add_special = prompting.render_generate(model, req.prompt or "", system=req.system,
-                                                          suffix=req.suffix or "", template=req.template, think=think)
-        prompt_ids = list(req.context or []) + prompting.encode(model, text, add_special=add_special and not req.context)
-        params = sampling_params(req.options, model.record.params)
-        chunks = await engine_stream(request, lease, text, prompt_ids, params, window, "/api/generate", t0)
+        prep = await ctx.workers.run(request, prepare.generate, lease.model, req, num_ctx)
+        chunks = await engine_stream(request, lease, prep, "/api/generate", t0)
     except BaseException:
         lease.release()
         raise
-    reply = prompting.ReplyParser(model, text, think, None)
+    prompt_ids = prep.prompt_ids
+    reply = prompting.ReplyParser(lease.model, prep.text, prep.think, None)
 
     def final_obj(g_ids: list[int], final: dict[str, Any]) -> dict[str, Any]:
         out = {"model": req.model, "created_at": now_rfc3339(), "response": "", "done": True, **final}
@@ -166,21 +148,12 @@ async def chat(request: Request) -> Response:
         raise APIError(400, f"model '{req.model}' does not support images (no vision models yet)")
     lease = await ctx.manager.acquire(req.model, keep_alive=keep_alive, num_ctx=num_ctx)
     try:
-        model = lease.model
-        window = check_num_ctx(model, num_ctx)
-        think = prompting.resolve_think(model, req.think)
-        tools = req.tools or None
-        if tools and not prompting.supports_tools(model):
-            raise APIError(400, f"{prompting.full_name(model)} does not support tools")
-        messages = [m.as_template_dict() for m in req.messages]
-        text, add_special = prompting.render_chat(model, messages, tools=tools, think=think)
-        prompt_ids = prompting.encode(model, text, add_special=add_special)
-        params = sampling_params(req.options, model.record.params)
-        chunks = await engine_stream(request, lease, text, prompt_ids, params, window, "/api/chat", t0)
+        prep = await ctx.workers.run(request, prepare.chat, lease.model, req, num_ctx)
+        chunks = await engine_stream(request, lease, prep, "/api/chat", t0)
     except BaseException:
         lease.release()
         raise
-    reply = prompting.ReplyParser(model, text, think, tools)
+    reply = prompting.ReplyParser(lease.model, prep.text, prep.think, prep.tools)
 
     def chunk(content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": content}
@@ -235,9 +208,9 @@ async def embed(request: Request) -> JSONResponse:
     try:
         vectors, count = [], 0
         for text in inputs:
-            vec, n = await embed_text(lease, text, truncate=req.truncate is not False)
-            vectors.append(normalise(vec, req.dimensions))
-            count += n
+            ids = await ctx.workers.run(request, prepare.embed_input, lease.model, text, req.truncate is not False)
+            vectors.append(normalise(await embed_ids(lease, ids), req.dimensions))
+            count += len(ids)
     finally:
         lease.release()
     if not inputs:
@@ -257,7 +230,8 @@ async def embeddings(request: Request) -> JSONResponse:
     try:
         if not req.prompt:
             return JSONResponse({"embedding": []})
-        vec, _ = await embed_text(lease, req.prompt, truncate=True)
+        ids = await ctx.workers.run(request, prepare.embed_input, lease.model, req.prompt, True)
+        vec = await embed_ids(lease, ids)
     finally:
         lease.release()
     return JSONResponse({"embedding": [float(x) for x in vec.astype("float64")]})

@@ -12,11 +12,9 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from . import prompting
+from . import prepare, prompting
 from .errors import APIError, parse_body
-from .generation import (ClosingStreamingResponse, EngineChunks, check_num_ctx, collect, embed_text, engine_stream,
-                         normalise, sampling_params)
-from .ollama import check_format
+from .generation import ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 router = APIRouter(prefix="/v1")
@@ -25,20 +23,6 @@ FINGERPRINT = "fp_ollama"
 
 def _ctx(request: Request) -> Any:
     return request.app.state.ctx
-
-
-def _params(req: Any, model: Any) -> Any:
-    stop = [req.stop] if isinstance(req.stop, str) else req.stop
-    max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
-    if max_tokens is not None and max_tokens < 0:
-        raise APIError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
-    if req.n not in (None, 1):
-        raise APIError(400, f"n={req.n} is not supported; only n=1", param="n")
-    # Ollama's /v1 defaults: temperature and top_p 1.0 when absent (they override the model's PARAMETERs)
-    return sampling_params(None, model.record.params, num_predict=max_tokens, stop=stop, seed=req.seed,
-                           temperature=1.0 if req.temperature is None else req.temperature,
-                           top_p=1.0 if req.top_p is None else req.top_p,
-                           frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty)
 
 
 def _usage(metrics: dict[str, int]) -> dict[str, int]:
@@ -133,9 +117,6 @@ def _oai_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     req = await parse_body(request, ChatCompletionRequest)
-    rf = req.response_format or {}
-    if rf.get("type") in ("json_object", "json_schema"):
-        check_format("json")
     messages = convert_messages(req.messages)
     ctx = _ctx(request)
     effort = req.reasoning_effort
@@ -147,20 +128,13 @@ async def chat_completions(request: Request) -> Response:
     think = efforts[effort]
     lease = await ctx.manager.acquire(req.model)
     try:
-        model = lease.model
-        think = prompting.resolve_think(model, think)
-        tools = req.tools or None
-        if tools and not prompting.supports_tools(model):
-            raise APIError(400, f"{prompting.full_name(model)} does not support tools")
-        text, add = prompting.render_chat(model, messages, tools=tools, think=think)
-        ids = prompting.encode(model, text, add_special=add)
-        params = _params(req, model)
-        chunks = await engine_stream(request, lease, text, ids, params, check_num_ctx(model, None), "/v1/chat/completions", t0)
+        prep = await ctx.workers.run(request, prepare.chat_completion, lease.model, req, messages, think)
+        chunks = await engine_stream(request, lease, prep, "/v1/chat/completions", t0)
     except BaseException:
         lease.release()
         raise
     cid, created = f"chatcmpl-{random.randint(0, 998)}", int(time.time())
-    reply = prompting.ReplyParser(model, text, think, tools)
+    reply = prompting.ReplyParser(lease.model, prep.text, prep.think, prep.tools)
     base = {"id": cid, "created": created, "model": req.model, "system_fingerprint": FINGERPRINT}
     if not req.stream:
         g = await collect(chunks)
@@ -210,15 +184,8 @@ async def completions(request: Request) -> Response:
     ctx = _ctx(request)
     lease = await ctx.manager.acquire(req.model)
     try:
-        model = lease.model
-        if req.suffix:
-            text, add = prompting.render_generate(model, req.prompt, system=None, suffix=req.suffix, template=None,
-                                                  think=None)
-        else:
-            text, add = req.prompt, True  # the prompt goes to the model as written (Ollama sends it raw)
-        ids = prompting.encode(model, text, add_special=add)
-        params = _params(req, model)
-        chunks = await engine_stream(request, lease, text, ids, params, check_num_ctx(model, None), "/v1/completions", t0)
+        prep = await ctx.workers.run(request, prepare.completion, lease.model, req)
+        chunks = await engine_stream(request, lease, prep, "/v1/completions", t0)
     except BaseException:
         lease.release()
         raise
@@ -289,13 +256,14 @@ async def embeddings(request: Request) -> JSONResponse:
         raise APIError(400, f"invalid encoding_format {fmt!r}: expected \"float\" or \"base64\"", param="encoding_format")
     if req.dimensions is not None and req.dimensions < 1:
         raise APIError(400, f"dimensions must be a positive integer, got {req.dimensions}", param="dimensions")
-    lease = await _ctx(request).manager.acquire(req.model)
+    ctx = _ctx(request)
+    lease = await ctx.manager.acquire(req.model)
     data, total = [], 0
     try:
         for i, text in enumerate(inputs):
-            vec, n = await embed_text(lease, text, truncate=True)
-            total += n
-            v = normalise(vec, req.dimensions)
+            ids = await ctx.workers.run(request, prepare.embed_input, lease.model, text, True)
+            total += len(ids)
+            v = normalise(await embed_ids(lease, ids), req.dimensions)
             emb: Any = base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if fmt == "base64" else v
             data.append({"object": "embedding", "embedding": emb, "index": i})
     finally:

@@ -164,11 +164,11 @@ class _OAICommon(_Req):
     frequency_penalty: Optional[Number] = None
     presence_penalty: Optional[Number] = None
     n: Optional[StrictInt] = None
+    response_format: Any = None
 
 
 class ChatCompletionRequest(_OAICommon):
     messages: list[dict[str, Any]]
-    response_format: Optional[dict[str, Any]] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Any = None
     reasoning_effort: Optional[StrictStr] = None

@@ -1,4 +1,4 @@
-"""Structured outputs over HTTP: Ollama's `format` and OpenAI's `response_format` through the official clients,
+"""Structured outputs over HTTP (Ollama's `format`, OpenAI's `response_format`) through the official clients,
 then the libraries that depend on them (LangChain, LiteLLM, OpenAI `.parse()`). The model has random weights:
 only the grammar can make its output valid JSON."""
 from __future__ import annotations
@@ -148,3 +148,44 @@ def test_litellm_ollama_with_tools(daemon: Daemon) -> None:
         json.loads(msg.tool_calls[0].function.arguments)
     else:
         assert isinstance(json.loads(msg.content), dict)
+
+
+# ---- the other API gaps the same clients found
+
+@first_backend_only
+def test_empty_model_is_required_everywhere(daemon: Daemon, oai: openai.OpenAI) -> None:
+    for path, body in (("/api/chat", {"messages": MSGS}), ("/api/show", {}), ("/api/embed", {"input": "x"})):
+        r = httpx.post(daemon.url + path, json={"model": "", **body})
+        assert (r.status_code, r.json()) == (400, {"error": "model is required"}), path
+    r = httpx.post(daemon.url + "/api/generate", json={"model": "", "prompt": "x"})  # Ollama's generate: a 404
+    assert (r.status_code, r.json()) == (404, {"error": "model '' not found"})
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.chat.completions.create(model="", messages=MSGS)
+    assert "model is required" in exc.value.message
+
+
+@first_backend_only
+def test_completions_stream_usage_is_null_until_the_last_chunk(oai: openai.OpenAI) -> None:
+    chunks = list(oai.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=0, stream=True,
+                                         stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert len(chunks) > 1 and all(c.usage is None for c in chunks[:-1])
+
+
+@first_backend_only
+def test_logprobs_are_refused_not_dropped(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.chat.completions.create(model="tiny", messages=MSGS, logprobs=True, top_logprobs=2)
+    assert "logprobs are not supported yet" in exc.value.message
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model="tiny", prompt="x", logprobs=2)
+
+
+def test_thinking_detected_from_what_a_jinja_template_does_with_enable_thinking() -> None:
+    from evenflow.daemon.templates import template_capabilities
+
+    switching = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                 "{% if enable_thinking %}Reasoning: on\n{% endif %}assistant:")
+    assert "thinking" in template_capabilities(switching)  # no <think> tag anywhere, yet it switches
+    ignoring = switching.replace("{% if enable_thinking %}Reasoning: on\n{% endif %}", "{# enable_thinking #}")
+    assert "thinking" not in template_capabilities(ignoring)  # names the variable, does nothing with it

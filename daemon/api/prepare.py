@@ -117,6 +117,8 @@ def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedM
         raise APIError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
     if req.n not in (None, 1):
         raise APIError(400, f"n={req.n} is not supported; only n=1", param="n")
+    if req.logprobs or req.top_logprobs:  # refused rather than silently dropped
+        raise APIError(400, "logprobs are not supported yet", param="logprobs")
     return sampling_params(None, model.record.params, num_predict=max_tokens, stop=stop, seed=req.seed,
                            temperature=1.0 if req.temperature is None else req.temperature,
                            top_p=1.0 if req.top_p is None else req.top_p,

@@ -165,6 +165,8 @@ class _OAICommon(_Req):
     presence_penalty: Optional[Number] = None
     n: Optional[StrictInt] = None
     response_format: Any = None
+    logprobs: Any = None  # chat: bool; completions: int (the number of top logprobs)
+    top_logprobs: Optional[StrictInt] = None
 
 
 class ChatCompletionRequest(_OAICommon):

@@ -236,6 +236,10 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "read-only Ollama store (default ~/.ollama/models if present)"),
     SettingSpec("no_demo", ("EVENFLOW_NO_DEMO",), _parse_bool, "1/0 or true/false",
                 "do not create the synthetic demo model in an empty store", is_flag=True),
+    SettingSpec("max_body_mb", ("EVENFLOW_MAX_BODY_MB",), _int_min(0), "an integer >= 0 (MiB; 0 = no limit)",
+                "largest request body (blob uploads excepted); bigger ones get 413 (default 32)"),
+    SettingSpec("noprune", _twin("OLLAMA_NOPRUNE"), _parse_bool, "1/0 or true/false",
+                "do not delete unreferenced blobs at start-up", is_flag=True),
 )
 SPEC_BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -272,6 +276,8 @@ class Settings:
     log_content: bool = False
     ollama_store: Path | None = field(default_factory=_default_ollama_store)
     no_demo: bool = False
+    max_body_mb: int = 32
+    noprune: bool = False
 
     @property
     def loaded_model_limit(self) -> int:

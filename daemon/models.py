@@ -243,8 +243,10 @@ class ModelManager:
             runner = await asyncio.to_thread(self.loader, backend, record.path, rs)
         except ModelLoadError as e:
             raise APIError(500, f"failed to load model {record.name!r}: {e}") from None
-        except (OSError, ValueError, RuntimeError) as e:
-            raise APIError(500, f"failed to load model {record.name!r} with backend {backend}: {e}") from None
+        except (OSError, ValueError, RuntimeError):
+            log.exception("loading %s with backend %s failed", record.name, backend)  # its text may hold paths
+            raise APIError(500, f"failed to load model {record.name!r} with backend {backend}: internal error "
+                                f"(see the daemon log)") from None
         ctx = min(want, int(runner.info.context_length))
         cfg = EngineConfig(prefill_mode=s.prefill, max_num_batched_tokens=step_cap,
                            max_num_seqs=self.slots, target_itl_ms=s.target_itl_ms, max_queue=s.max_queue,

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from .api.errors import install_handlers
 from .api.events import EventHub
 from .api.guard import GuardMiddleware
+from .api.limits import LimitsMiddleware
 from .api.workers import WorkerPool
 from .config import Settings
 from .metrics import Metrics
@@ -61,6 +62,11 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.loop = asyncio.get_running_loop()
         hub.bind(ctx.loop)
+        if not settings.noprune and hasattr(store, "prune"):
+            try:
+                await asyncio.to_thread(store.prune)
+            except Exception:  # noqa: BLE001 - a store we cannot tidy still serves
+                log.warning("could not prune unreferenced blobs", exc_info=True)
         if not settings.no_demo and hasattr(store, "ensure_demo"):
             try:
                 await asyncio.to_thread(store.ensure_demo)
@@ -75,6 +81,7 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
                   openapi_url=None)
     app.state.ctx = ctx
     install_handlers(app)
+    app.add_middleware(LimitsMiddleware, max_body=settings.max_body_mb * 2**20)  # inside the guard: it counts these
     app.include_router(ollama.router)
     app.include_router(openai.router)
     app.include_router(events_api.router)

@@ -15,15 +15,18 @@ import hashlib
 import json
 import logging
 import re
+import sys
 from typing import Any, Iterable
 
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import SandboxedEnvironment
+from jinja2.utils import Namespace
 
 from . import gotemplate
-from .gotemplate import TemplateError
+from .gotemplate import Budget, TemplateBudgetExceeded, TemplateError
+from .gotemplate.budget import MAX_OUTPUT
 from .gotemplate.ollama import DEFAULT_TEMPLATE, render_go_chat
 from .gotemplate.ollama import go_nodes as _go_nodes
 from .gotemplate.ollama import go_vars as _go_vars
@@ -32,7 +35,7 @@ from .tools import TOOL_CALL_PREFIX, TOOL_CALL_SUFFIX, extract_tool_calls, parse
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_TEMPLATE", "SuffixNotSupported", "TOOL_CALL_PREFIX", "TOOL_CALL_SUFFIX", "TemplateError", "check_template",
+    "DEFAULT_TEMPLATE", "Budget", "SuffixNotSupported", "TemplateBudgetExceeded", "TOOL_CALL_PREFIX", "TOOL_CALL_SUFFIX", "TemplateError", "check_template",
     "extract_tool_calls", "fold_system_into_user", "is_go_template", "parse_tool_calls", "prepare_chat_messages",
     "render_chat", "render_generate", "render_go_chat", "render_messages", "template_capabilities", "thinking_tags",
     "tool_format_for",
@@ -138,9 +141,25 @@ def _json_default(o: Any) -> Any:
         return str(o)
 
 
+def _check_json_size(x: Any, limit: int = 1_000_000) -> None:
+    """Refuse to serialise more than `limit` nodes: a list that holds itself twice, doubled 30 times, is tiny in
+    memory but would take json.dumps (holding the GIL) hours."""
+    stack, seen = [x], 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise TemplateBudgetExceeded(f"tojson: the value has over {limit} elements")
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
     # HF's version: no HTML escaping, unicode kept (jinja's built-in returns escaped Markup)
+    _check_json_size(x)
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
                       default=_json_default)
 
@@ -177,13 +196,45 @@ class _GenerationTag(Extension):
         return caller()
 
 
+def _too_big(v: Any) -> bool:
+    return isinstance(v, (str, list, tuple, dict)) and len(v) > MAX_OUTPUT
+
+
+class _BoundedNamespace(Namespace):
+    """`namespace()` whose attributes cannot grow past the output budget (`{% set ns.s = ns.s ~ ns.s %}`)."""
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if _too_big(value):
+            raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or items")
+        super().__setitem__(name, value)
+
+
+class _BoundedSandbox(SandboxedEnvironment):
+    """The sandbox with `*`, `**` and `+` checked before they run: `'x' * 10**9` would allocate in one step."""
+
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_OUTPUT:
+                    raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or items")
+        elif operator == "**":
+            if isinstance(right, int) and abs(right) > 1024 and left not in (0, 1, -1):
+                raise TemplateBudgetExceeded(f"template computed too large a power: ** {right}")
+        elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            if len(left) + len(right) > MAX_OUTPUT:
+                raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or items")
+        return super().call_binop(context, operator, left, right)
+
+
 @functools.lru_cache(maxsize=1)
 def _jinja_env() -> SandboxedEnvironment:
     # Mutable sandbox (HF uses the immutable one): real templates such as Kimi-K2's call list.append on
     # lists they build themselves, as llama.cpp's minja allows; the sandbox still blocks unsafe attributes,
     # and the messages handed in are copies.
-    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, "jinja2.ext.loopcontrols"])
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"])
+    env.globals["namespace"] = _BoundedNamespace
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -244,17 +295,19 @@ def _jinja_messages(messages: list[dict[str, Any]], strict_ids: bool) -> list[di
 
 def render_chat(template: str, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                 documents: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True,
-                bos_token: str = "", eos_token: str = "", **extra: Any) -> str:
-    """Render a Jinja chat template the way HF's apply_chat_template does."""
+                bos_token: str = "", eos_token: str = "", budget: Budget | None = None, **extra: Any) -> str:
+    """Render a Jinja chat template the way HF's apply_chat_template does, within `budget`."""
     compiled = _compile_jinja(template)
     context = dict(extra)
     strict_ids = "[TOOL_CALLS]" in template  # Mistral: ids must be 9 alphanumeric characters
     context.update(messages=_jinja_messages(messages, strict_ids), tools=tools or None, documents=documents,
                    add_generation_prompt=add_generation_prompt, bos_token=bos_token or "", eos_token=eos_token or "")
     try:
-        return compiled.render(**context)
+        return _render_within(compiled, context, budget or Budget())
     except TemplateError:
         raise
+    except RecursionError:
+        raise TemplateError("template nesting too deep") from None
     except jinja2.exceptions.SecurityError as e:
         raise TemplateError(f"template tried an unsafe operation: {e}") from None
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError,
@@ -262,24 +315,55 @@ def render_chat(template: str, messages: list[dict[str, Any]], *, tools: list[di
         raise TemplateError(f"template error: {type(e).__name__}: {e}") from None
 
 
+def _render_within(compiled: jinja2.Template, context: dict[str, Any], budget: Budget) -> str:
+    """Render, counting the template's executed lines as steps (a line tracer on the template's own frames, in
+    this thread only) and its output as it is produced; TemplateBudgetExceeded beyond either."""
+
+    def on_line(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            budget.step()
+            for v in frame.f_locals.values():  # a variable doubled in a loop is caught before it is huge
+                if _too_big(v):
+                    raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or items")
+        return on_line
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        return on_line if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        parts = []
+        for chunk in compiled.generate(**context):
+            budget.emit(len(chunk))
+            parts.append(chunk)
+        return "".join(parts)
+    finally:
+        sys.settrace(previous)
+
+
 # ------------------------------------------------------------------------------------------ entry points
 
 def render_messages(template: str | None, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True,
-                    bos_token: str = "", eos_token: str = "", think: bool | str | None = None, **extra: Any) -> str:
-    """/api/chat prompt: Go templates with Ollama semantics, Jinja templates with HF semantics."""
+                    bos_token: str = "", eos_token: str = "", think: bool | str | None = None,
+                    budget: Budget | None = None, **extra: Any) -> str:
+    """/api/chat prompt: Go templates with Ollama semantics, Jinja templates with HF semantics; one render's
+    work is bounded by `budget` (TemplateBudgetExceeded beyond it)."""
+    budget = budget or Budget()
     if is_go_template(template):
-        return render_go_chat(template, messages, tools=tools, think=think)
+        return render_go_chat(template, messages, tools=tools, think=think, budget=budget)
     if think is not None:
         extra.setdefault("enable_thinking", bool(think))  # Qwen3-style switch; other templates ignore it
     kwargs = dict(tools=tools, add_generation_prompt=add_generation_prompt, bos_token=bos_token,
-                  eos_token=eos_token, **extra)
+                  eos_token=eos_token, budget=budget, **extra)
     try:
         return render_chat(template or "", messages, **kwargs)
     except TemplateError as e:
         # Templates without a system role (Gemma: "System role not supported") get the system text folded
         # into the first user message, which is what their model cards recommend.
-        if "system" not in str(e).lower() or not any(m.get("role") == "system" for m in messages):
+        if isinstance(e, TemplateBudgetExceeded) or "system" not in str(e).lower() or \
+                not any(m.get("role") == "system" for m in messages):
             raise
         log.info("template rejects the system role; folding the system prompt into the first user message")
         return render_chat(template or "", fold_system_into_user(messages), **kwargs)
@@ -317,7 +401,7 @@ def render_generate(template: str | None, prompt: str, *, system: str | None = N
             raise SuffixNotSupported("this model does not support insert: its template has no .Suffix")
         values = {"Prompt": prompt, "Suffix": suffix, "Response": "", "Think": bool(think),
                   "ThinkLevel": think if isinstance(think, str) else "", "IsThinkSet": think is not None}
-        return gotemplate.execute(_go_nodes(template or DEFAULT_TEMPLATE), values)
+        return gotemplate.execute(_go_nodes(template or DEFAULT_TEMPLATE), values, Budget())
     msgs: list[dict[str, Any]] = []
     if system or model_system:
         msgs.append({"role": "system", "content": system or model_system})

@@ -102,6 +102,77 @@ def test_hostile_names(http: httpx.Client, daemon: Daemon, tmp_path: Path) -> No
     assert r.status_code == 400 and "error" in r.json()
 
 
+def _oai_err(r: httpx.Response, fragment: str) -> None:
+    assert r.status_code == 400, r.text[:500]
+    assert fragment in r.json()["error"]["message"], r.json()
+
+
+def test_bad_json_values_are_400_not_500(http: httpx.Client) -> None:
+    # issue 14: each of these was a 500 (RecursionError, OverflowError, TypeError on a lone surrogate)
+    deep = '{"model": "tiny", "prompt": "x", "options": ' + "[" * 5000 + "]" * 5000 + "}"
+    for path in ("/api/generate", "/api/chat", "/api/show", "/api/create", "/api/embed", "/v1/completions"):
+        r = http.post(path, content=deep.encode())
+        assert r.status_code == 400 and "nested deeper" in json.dumps(r.json()), r.text[:300]
+    huge = "1" + "0" * 400  # 1e400 written as digits
+    _err(http.post("/api/generate", content=f'{{"model": "tiny", "prompt": "x", "keep_alive": {huge}}}'.encode()),
+         400, "out of range")
+    _err(http.post("/api/generate", content=b'{"model": "tiny", "prompt": "x", "keep_alive": 1e400}'), 400,
+         "out of range")
+    _err(http.post("/api/generate", content=b'{"model": "tiny", "prompt": "x", "keep_alive": NaN}'), 400, "NaN")
+    _err(http.post("/api/generate", content=b'{"model": "tiny", "prompt": "x", "context": [' + b"9" * 5000 + b"]}"),
+         400, "out of range")
+    for field in ("temperature", "top_p", "frequency_penalty", "presence_penalty"):
+        body = f'{{"model": "tiny", "prompt": "x", "{field}": {huge}}}'.encode()
+        _oai_err(http.post("/v1/completions", content=body), "out of range")
+    for path, body in (("/api/generate", r'{"model": "tiny", "prompt": "\ud800"}'),
+                       ("/api/generate", r'{"model": "tiny", "prompt": "x", "system": "\udfff"}'),
+                       ("/api/generate", r'{"model": "tiny", "prompt": "x", "template": "\ud800{{ .Prompt }}"}'),
+                       ("/api/embed", r'{"model": "tiny", "input": ["ok", "\ud800"]}'),
+                       ("/api/show", r'{"model": "tiny", "system": "\ud800"}')):
+        _err(http.post(path, content=body.encode()), 400, "lone surrogate")
+    r = http.post("/api/generate", content=r'{"model": "tiny", "prompt": "\ud83d\ude00", "stream": false, '
+                                           '"options": {"num_predict": 1}}'.encode())
+    assert r.status_code == 200  # a surrogate pair is an emoji, not an error
+
+
+def test_overlong_name_parts_are_400_without_paths(http: httpx.Client, daemon: Daemon) -> None:
+    root = str(Path(daemon.ctx.settings.models))
+    for n in (256, 300, 350):
+        name = "h" * n + "/ns/model:tag"
+        for r in (http.post("/api/create", json={"model": name, "from": "tiny"}),
+                  http.post("/api/copy", json={"source": "tiny", "destination": name}),
+                  http.post("/api/show", json={"model": name})):
+            _err(r, 400, "longer than 255")
+            assert root not in r.text
+
+
+def test_openai_message_shapes_are_validated(http: httpx.Client) -> None:
+    base = {"model": "tiny", "max_tokens": 1}
+    for msg in ({"role": "assistant", "content": "", "tool_calls": "x"},
+                {"role": "assistant", "content": "", "tool_calls": [1]},
+                {"role": "tool", "content": "r", "tool_call_id": [1]},
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]},
+                {"role": "user", "content": [{"type": "text", "text": {"a": 1}}]},
+                {"content": "no role"}):
+        r = http.post("/v1/chat/completions", json={**base, "messages": [msg]})
+        assert r.status_code == 400 and r.json()["error"]["message"], r.text[:300]
+
+
+def test_template_budget_is_a_400(http: httpx.Client) -> None:
+    bombs = ("{{ range 3000 }}{{ range 3000 }}x{{ end }}{{ end }}",
+             "{{ range 1000000000000 }}{{ end }}",
+             '{{ printf "%0999999999d" 1 }}',
+             "{% for i in range(3000) %}{% for j in range(3000) %}x{% endfor %}{% endfor %}",
+             "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+             "{{ 'x' * 10000000000 }}")
+    for t in bombs:
+        r = http.post("/api/generate", json={"model": "tiny", "prompt": "x", "template": t, "stream": False})
+        _err(r, 400, "cannot render the template")
+    r = http.post("/api/generate", json={"model": "tiny", "prompt": "x", "template": "{{ range 50 }}y{{ end }}",
+                                         "stream": False, "options": {"num_predict": 1}})
+    assert r.status_code == 200  # a loop within the budget still renders
+
+
 def test_blob_digest_mismatch_and_missing(http: httpx.Client, daemon: Daemon) -> None:
     data = b"not the bytes you hashed"
     wrong = "sha256:" + hashlib.sha256(b"other").hexdigest()

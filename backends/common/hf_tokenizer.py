@@ -101,7 +101,9 @@ class HFTokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Text to ids; BOS (and EOS where the model asks for it) only when `add_special`."""
         tok = self._tok if parse_special else self._tok_plain
-        ids = tok.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode does not): a long prompt tokenized in the
+        # daemon's worker pool then leaves the event loop and the engine thread running
+        ids = tok.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special:
             if self.add_bos:
                 ids = [self.bos_id, *ids]  # type: ignore[list-item]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -15,6 +17,7 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
+INTERNAL_ERROR = "internal error (see the daemon log)"  # never the exception's text: it can hold server paths
 SERVER_BUSY = "server busy, please try again.  maximum pending requests exceeded"  # two spaces, as Ollama
 
 
@@ -73,7 +76,7 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(request, 500, f"internal error: {type(exc).__name__}: {exc}")
+        return error_response(request, 500, INTERNAL_ERROR)
 
 
 def describe_validation(errors: list[dict[str, Any]]) -> str:
@@ -88,15 +91,78 @@ def describe_validation(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts) or "invalid request body"
 
 
+MAX_JSON_DEPTH = 128  # deeper bodies are refused (no real request nests past ~20; Python recursion is finite)
+_OFFLOAD_BYTES = 256 * 1024  # bodies above this are decoded in the worker pool
+_MAX_INT = 2**64  # Go decodes numbers into int64/uint64/float64: anything wider is an error there too
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _BadNumber(ValueError):
+    pass
+
+
+def _parse_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise _BadNumber(f"number {text[:40]} is out of range")
+    return v
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > 20 or abs(v := int(text)) >= _MAX_INT:
+        raise _BadNumber(f"number {text[:40]}{'...' if len(text) > 40 else ''} is out of range (at most 64 bits)")
+    return v
+
+
+def _parse_constant(text: str) -> Any:
+    raise _BadNumber(f"{text} is not valid JSON")
+
+
+def _check(obj: Any, depth: int = 0) -> None:
+    """Too deep nesting and lone surrogates (`"\\ud800"`, not Unicode text: tokenizers and UTF-8 reject it) are
+    400s here, before any handler sees them."""
+    if depth > MAX_JSON_DEPTH:
+        raise APIError(400, f"invalid JSON in request body: nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(obj, str):
+        m = _SURROGATE.search(obj)
+        if m:
+            raise APIError(400, f"invalid JSON in request body: a lone surrogate \\u{ord(m.group()):04x} at "
+                                f"character {m.start()} of a string is not valid Unicode text")
+    elif isinstance(obj, list):
+        for v in obj:
+            _check(v, depth + 1)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _check(k, depth + 1)
+            _check(v, depth + 1)
+
+
+def decode_json(raw: bytes) -> Any:
+    """Bytes -> JSON value with Go's limits: finite numbers, 64-bit integers, bounded depth, valid UTF-8 text."""
+    try:
+        data = json.loads(raw, parse_float=_parse_float, parse_int=_parse_int, parse_constant=_parse_constant)
+    except _BadNumber as e:
+        raise APIError(400, f"invalid JSON in request body: {e}") from None
+    except RecursionError:
+        raise APIError(400, f"invalid JSON in request body: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"invalid JSON in request body: {e}") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise APIError(400, f"invalid JSON in request body: {str(e)[:200]}") from None
+    _check(data)
+    return data
+
+
 async def read_json(request: Request) -> Any:
-    """The request's JSON body; 400 with Ollama's messages for a missing body or bad JSON."""
+    """The request's JSON body; 400 with Ollama's messages for a missing body or bad JSON. Large bodies are
+    decoded in the worker pool, so a 30 MB prompt does not hold the event loop."""
     raw = await request.body()
     if not raw.strip():
         raise APIError(400, "missing request body")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"invalid JSON in request body: {e}") from None
+    workers = getattr(getattr(request.app.state, "ctx", None), "workers", None)
+    if len(raw) > _OFFLOAD_BYTES and workers is not None:
+        return await workers.run(request, decode_json, raw)
+    return decode_json(raw)
 
 
 async def parse_body(request: Request, model: type[M], *, allow_empty: bool = False) -> M:

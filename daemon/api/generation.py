@@ -164,7 +164,8 @@ class EngineChunks:
                 if d.done:
                     self.finished = True
                     if d.done_reason == "error":
-                        raise APIError(500, d.error or "generation failed")
+                        # the engine logged the cause; its text (an exception's) is not for clients
+                        raise APIError(500, "internal error: generation failed (see the daemon log)")
                     if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
                         raise APIError(503, "the request was aborted: the server is shutting down or the model "
                                             "was unloaded; retry")

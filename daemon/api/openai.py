@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from . import prepare, prompting
 from .errors import APIError, parse_body
 from .generation import ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise
-from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, OAIMessage
 
 router = APIRouter(prefix="/v1")
 FINGERPRINT = "fp_ollama"
@@ -61,7 +61,9 @@ def _text_content(content: Any) -> str:
             if not isinstance(p, dict):
                 raise APIError(400, "invalid message content part: expected an object")
             if p.get("type") == "text":
-                parts.append(str(p.get("text", "")))
+                if not isinstance(p.get("text", ""), str):
+                    raise APIError(400, "invalid message content part: 'text' must be a string", param="messages")
+                parts.append(p.get("text", ""))
             elif p.get("type") in ("image_url", "input_audio"):
                 raise APIError(400, "image and audio inputs are not supported (no multimodal models yet)")
             else:
@@ -70,38 +72,41 @@ def _text_content(content: Any) -> str:
     raise APIError(400, f"invalid message content: expected a string or a list of parts, got {type(content).__name__}")
 
 
-def convert_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def convert_messages(messages: list[OAIMessage]) -> list[dict[str, Any]]:
     """OpenAI messages -> the template's message dicts (tool_calls arguments parsed, tool names resolved)."""
     if not messages:
         raise APIError(400, "[] is too short - 'messages'", param="messages")
     out: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
     for m in messages:
-        role = str(m.get("role", "")).lower()
+        role = m.role.lower()
         if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise APIError(400, f"invalid message role {m.get('role')!r}", param="messages")
-        msg: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": _text_content(m.get("content"))}
-        if m.get("tool_calls"):
+            raise APIError(400, f"invalid message role {m.role!r}", param="messages")
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": _text_content(m.content)}
+        if m.tool_calls:
             calls = []
-            for c in m["tool_calls"]:
-                fn = c.get("function") or {}
-                args = fn.get("arguments") or "{}"
-                try:
-                    args = json.loads(args) if isinstance(args, str) else args
-                except json.JSONDecodeError:
-                    raise APIError(400, "invalid tool call arguments") from None
-                calls.append({"function": {"name": fn.get("name", ""), "arguments": args}})
-                if c.get("id"):
-                    call_names[c["id"]] = fn.get("name", "")
+            for c in m.tool_calls:
+                name = c.function.name if c.function else ""
+                args: Any = (c.function.arguments if c.function else None) or "{}"
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args)
+                    except (ValueError, RecursionError):
+                        raise APIError(400, "invalid tool call arguments: not valid JSON", param="messages") from None
+                if not isinstance(args, dict):
+                    raise APIError(400, "invalid tool call arguments: expected a JSON object", param="messages")
+                calls.append({"function": {"name": name, "arguments": args}})
+                if c.id:
+                    call_names[c.id] = name
             msg["tool_calls"] = calls
-        if m.get("reasoning"):
-            msg["thinking"] = m["reasoning"]
+        if m.reasoning:
+            msg["thinking"] = m.reasoning
         if role == "tool":
-            name = m.get("name") or call_names.get(m.get("tool_call_id", ""), "")
+            name = m.name or call_names.get(m.tool_call_id or "", "")
             if name:
                 msg["tool_name"] = name
-            if m.get("tool_call_id"):
-                msg["tool_call_id"] = m["tool_call_id"]
+            if m.tool_call_id:
+                msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
     return out
 

@@ -169,8 +169,28 @@ class _OAICommon(_Req):
     top_logprobs: Optional[StrictInt] = None
 
 
+class OAIFunctionCall(_Req):
+    name: StrictStr = ""
+    arguments: Optional[Union[StrictStr, dict[str, Any]]] = None  # a JSON string (OpenAI) or an object
+
+
+class OAIToolCall(_Req):
+    id: Optional[StrictStr] = None
+    type: Optional[StrictStr] = None
+    function: Optional[OAIFunctionCall] = None
+
+
+class OAIMessage(_Req):
+    role: StrictStr
+    content: Any = None  # a string or a list of parts: checked where it is read (the parts have their own rules)
+    name: Optional[StrictStr] = None
+    tool_calls: Optional[list[OAIToolCall]] = None
+    tool_call_id: Optional[StrictStr] = None
+    reasoning: Optional[StrictStr] = None
+
+
 class ChatCompletionRequest(_OAICommon):
-    messages: list[dict[str, Any]]
+    messages: list[OAIMessage]
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Any = None
     reasoning_effort: Optional[StrictStr] = None

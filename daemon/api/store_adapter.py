@@ -92,6 +92,12 @@ class StoreAdapter:
         with store_errors():
             return await self.store.write_blob_async(digest, chunks)
 
+    def prune(self) -> None:
+        """Start-up: remove blobs left unreferenced by interrupted creates and uploads (OLLAMA_NOPRUNE skips it)."""
+        removed = self.store.prune_unreferenced()
+        if removed:
+            log.info("removed %d unreferenced blob(s) left by interrupted creates or uploads", removed)
+
     def ensure_demo(self) -> None:
         """First start with an empty store: create the synthetic `demo` model (labelled synthetic in /api/show)."""
         from ..store import ensure_demo_model  # noqa: PLC0415

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -31,11 +32,22 @@ class WorkerPool:
     def __init__(self, size: int | None = None) -> None:
         self.size = size or pool_size()
         self._ex = ThreadPoolExecutor(self.size, thread_name_prefix="evenflow-prepare")
+        self._lock = threading.Lock()
+        self.running = 0  # functions executing in the pool right now (abandoned ones included until they end)
+
+    def _tracked(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._lock:
+            self.running += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self.running -= 1
 
     async def run(self, request: Request | None, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the pool. A client gone while it waits or runs: the work is cancelled if not started,
         its result dropped if it was, and the request ends with 499."""
-        fut = asyncio.get_running_loop().run_in_executor(self._ex, fn, *args)
+        fut = asyncio.get_running_loop().run_in_executor(self._ex, self._tracked, fn, *args)
         if request is None:
             return await fut
         gone = asyncio.create_task(_disconnected(request), name=WATCH_TASK)

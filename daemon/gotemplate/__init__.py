@@ -10,10 +10,11 @@ raise TemplateError naming the construct. Ollama's chat semantics (messages vs l
 """
 from __future__ import annotations
 
+from .budget import Budget, TemplateBudgetExceeded
 from .errors import TemplateError
 from .execute import cut_after_response, execute, identifiers, render
 from .funcs import FUNCS, GoValue, go_str, truth
 from .parser import Action, Branch, Operand, Pipe, parse
 
-__all__ = ["FUNCS", "Action", "Branch", "GoValue", "Operand", "Pipe", "TemplateError", "cut_after_response", "execute",
+__all__ = ["FUNCS", "Action", "Budget", "TemplateBudgetExceeded", "Branch", "GoValue", "Operand", "Pipe", "TemplateError", "cut_after_response", "execute",
            "go_str", "identifiers", "parse", "render", "truth"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .budget import Budget
 from .errors import TemplateError
 from .funcs import FUNCS, LAZY_FUNCS, GoValue, go_str, truth, _get_field
 from .parser import Action, Branch, Loop, Operand, Pipe, parse
@@ -17,10 +18,15 @@ class _Continue(Exception):
 
 
 class _Exec:
-    def __init__(self, root: Any):
+    def __init__(self, root: Any, budget: Budget):
         self.root = root
         self.scopes: list[dict[str, Any]] = [{"$": root}]
         self.out: list[str] = []
+        self.budget = budget
+
+    def write(self, text: str) -> None:
+        self.budget.emit(len(text))
+        self.out.append(text)
 
     def var(self, name: str) -> Any:
         for scope in reversed(self.scopes):
@@ -93,12 +99,13 @@ class _Exec:
 
     def run(self, nodes: list[Any], dot: Any) -> None:
         for node in nodes:
+            self.budget.step()
             if isinstance(node, str):
-                self.out.append(node)
+                self.write(node)
             elif isinstance(node, Action):
                 value = self.pipe(node.pipe, dot)
                 if not node.pipe.decl:
-                    self.out.append(go_str(value))
+                    self.write(go_str(value))
             elif isinstance(node, Branch):
                 self.branch(node, dot)
             elif isinstance(node, Loop):
@@ -137,6 +144,8 @@ class _Exec:
         elif isinstance(value, (list, tuple)):
             pairs = list(enumerate(value))
         elif isinstance(value, int) and not isinstance(value, bool):
+            if value > self.budget.max_steps - self.budget.steps:
+                self.budget.step(value)  # over budget before a list that large is built
             pairs = [(i, i) for i in range(value)]
         elif value is None:
             pairs = []
@@ -148,6 +157,7 @@ class _Exec:
             return
         decl = node.pipe.decl
         for k, v in pairs:
+            self.budget.step()
             bind = {}
             if len(decl) == 1:
                 bind[decl[0]] = v
@@ -161,9 +171,9 @@ class _Exec:
                 continue
 
 
-def execute(nodes: list[Any], data: Any) -> str:
-    """Execute parsed nodes against `data` (the template's dot and `$`)."""
-    ex = _Exec(data)
+def execute(nodes: list[Any], data: Any, budget: Budget | None = None) -> str:
+    """Execute parsed nodes against `data` (the template's dot and `$`) within `budget` (a default one if None)."""
+    ex = _Exec(data, budget or Budget())
     try:
         ex.run(nodes, data)
     except (_Break, _Continue):

@@ -136,6 +136,8 @@ def _printf(fmt: str, *args: Any) -> str:
         verb = m.group(2)
         if verb == "%":
             return "%"
+        if any(len(n) > 4 for n in re.findall(r"\d+", m.group(1))):  # "%999999999d" would build a huge string
+            raise TemplateError(f"printf: width or precision too large in %{m.group(1)}{verb}")
         try:
             a = next(it)
         except StopIteration:

@@ -6,6 +6,7 @@ import functools
 import json
 from typing import Any
 
+from .budget import Budget
 from .execute import cut_after_response, execute, identifiers
 from .funcs import GoValue
 from .parser import Action, Operand, Pipe, parse
@@ -83,22 +84,23 @@ def _go_message(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_go_chat(template: str | None, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                   think: bool | str | None = None) -> str:
+                   think: bool | str | None = None, budget: Budget | None = None) -> str:
     """Ollama's Template.Execute: messages mode if the template uses .Messages, else per-turn legacy mode."""
     template = template or DEFAULT_TEMPLATE
     node_list = go_nodes(template)
+    budget = budget or Budget()  # one for every execution below
     think_values = {"Think": bool(think) if think is not None else False,
                     "ThinkLevel": think if isinstance(think, str) else "", "IsThinkSet": think is not None}
     system, collated = _collate(messages)
     if "messages" in identifiers(node_list):
         return execute(node_list, {
             "System": system, "Messages": [_go_message(m) for m in collated],
-            "Tools": [_go_value(t) for t in tools or []], "Response": "", **think_values})
+            "Tools": [_go_value(t) for t in tools or []], "Response": "", **think_values}, budget)
     out: list[str] = []
     turn = {"System": "", "Prompt": "", "Response": ""}
 
     def flush() -> None:
-        out.append(execute(node_list, {**turn, **think_values}))
+        out.append(execute(node_list, {**turn, **think_values}, budget))
         turn.update(System="", Prompt="", Response="")
 
     for m in collated:
@@ -113,5 +115,5 @@ def render_go_chat(template: str | None, messages: list[dict[str, Any]], *, tool
             turn["Prompt"] = content
         elif role == "assistant":
             turn["Response"] = content
-    out.append(execute(cut_after_response(node_list), {**turn, **think_values}))
+    out.append(execute(cut_after_response(node_list), {**turn, **think_values}, budget))
     return "".join(out)

@@ -14,7 +14,8 @@ DEFAULT_TAG = "latest"
 
 # (pattern, max length) per part; the first character must be [A-Za-z0-9_] for every part.
 _PART_RULES: dict[str, tuple[re.Pattern[str], int]] = {
-    "host": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*"), 350),
+    # Ollama allows 350 for a host, but it is a directory name on disk: NAME_MAX is 255 bytes (ASCII here)
+    "host": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*"), 255),
     "namespace": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*"), 80),
     "model": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*"), 80),
     "tag": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*"), 80),

@@ -341,6 +341,29 @@ class ModelStore:
             shutil.rmtree(self.root / HF_DIR / manifest_digest, ignore_errors=True)
         fsync_dir(self.layout.blobs)
 
+    def prune_unreferenced(self) -> int:
+        """Delete our blobs (and materialised HF folders) that no manifest references: what interrupted creates
+        and uploads left, as Ollama prunes at start-up. Returns how many blobs went; nothing if a manifest is
+        unreadable. Only for start-up: a blob uploaded for a create in progress is unreferenced too."""
+        with self._lock:
+            used, manifests = self._referenced()
+            if "*" in used:
+                return 0
+            used_hex = {d.split(":", 1)[-1].lower() for d in used}
+            removed = 0
+            for p in self.layout.blobs.glob("sha256-*"):
+                if p.is_file() and p.name[len("sha256-"):].lower() not in used_hex:
+                    p.unlink()
+                    removed += 1
+            hf = self.root / HF_DIR
+            if hf.is_dir():
+                for d in hf.iterdir():
+                    if d.name not in manifests:
+                        shutil.rmtree(d, ignore_errors=True)
+            if removed:
+                fsync_dir(self.layout.blobs)
+            return removed
+
     def _prune_dirs(self, start: Path) -> None:
         cur = start
         while cur != self.layout.manifests and self.layout.manifests in cur.parents:

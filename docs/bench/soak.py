@@ -1,0 +1,233 @@
+"""Soak test: a daemon started with default settings (its synthetic `demo` model), driven over HTTP for a given
+time by N looping streams (a share of them disconnecting mid-stream), a long-document client, a client looping on
+bad input (a 4 MB prompt, a template bomb) and a /api/version prober. Prints a table and writes JSON.
+
+    python docs/bench/soak.py --minutes 10 --streams 4 --out docs/bench/soak.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+def metric(url: str, name: str) -> float:
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.split()[-1])
+    return total
+
+
+class Soak:
+    def __init__(self, url: str, model: str, seconds: float, streams: int, disconnect: float) -> None:
+        self.url, self.model, self.end = url, model, time.monotonic() + seconds
+        self.streams, self.disconnect = streams, disconnect
+        self.lock = threading.Lock()
+        self.gaps: list[float] = []  # ms between chunks of the short streams
+        self.version_ms: list[float] = []
+        self.errors: list[str] = []
+        self.counts = {"streams": 0, "disconnected": 0, "documents": 0, "bad_400": 0, "bad_413": 0}
+
+    def error(self, what: str) -> None:
+        with self.lock:
+            self.errors.append(what)
+
+    def count(self, key: str) -> None:
+        with self.lock:
+            self.counts[key] += 1
+
+    def stream_client(self, seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client(base_url=self.url, timeout=300) as c:
+            while time.monotonic() < self.end:
+                cut = rng.randint(2, 40) if rng.random() < self.disconnect else None
+                body = {"model": self.model, "prompt": f"story {rng.random()}", "options": {"num_predict": 64}}
+                try:
+                    with c.stream("POST", "/api/generate", json=body) as r:
+                        if r.status_code != 200:
+                            self.error(f"stream status {r.status_code}")
+                            continue
+                        last, n = None, 0
+                        for line in r.iter_lines():
+                            now = time.perf_counter()
+                            obj = json.loads(line)
+                            if "error" in obj:
+                                self.error(f"stream error line: {obj['error']}")
+                                break
+                            if last is not None and not obj.get("done"):
+                                with self.lock:
+                                    self.gaps.append((now - last) * 1e3)
+                            last, n = now, n + 1
+                            if cut is not None and n >= cut:
+                                self.count("disconnected")
+                                break  # leaving the block closes the connection mid-stream
+                        else:
+                            self.count("streams")
+                except httpx.HTTPError as e:
+                    self.error(f"stream transport: {type(e).__name__}")
+
+    def document_client(self) -> None:
+        words = "the quick brown fox jumps over the lazy dog and keeps running through the field ".split()
+        with httpx.Client(base_url=self.url, timeout=600) as c:
+            while time.monotonic() < self.end:
+                doc = " ".join(random.choice(words) for _ in range(1500))
+                r = c.post("/api/generate", json={"model": self.model, "prompt": doc, "stream": False,
+                                                  "options": {"num_predict": 8}})
+                if r.status_code == 200:
+                    self.count("documents")
+                else:
+                    self.error(f"document status {r.status_code}: {r.text[:100]}")
+
+    def bad_client(self) -> None:
+        big = {"model": self.model, "prompt": "word " * (4 * 2**20 // 5), "stream": False}
+        bomb = {"model": self.model, "prompt": "x", "stream": False,
+                "template": "{{ range 3000 }}{{ range 3000 }}x{{ end }}{{ end }}"}
+        huge = b'{"model": "demo", "prompt": "' + b"y" * (40 * 2**20) + b'"}'
+        with httpx.Client(base_url=self.url, timeout=300) as c:
+            i = 0
+            while time.monotonic() < self.end:
+                i += 1
+                if i % 10 == 0:
+                    try:
+                        r = c.post("/api/generate", content=huge)
+                    except httpx.HTTPError:  # answered 413 before the upload ended: the send may break
+                        self.count("bad_413")
+                        continue
+                    ok = r.status_code == 413
+                    key = "bad_413"
+                else:
+                    r = c.post("/api/generate", json=big if i % 2 else bomb)
+                    ok = r.status_code == 400
+                    key = "bad_400"
+                if ok:
+                    self.count(key)
+                else:
+                    self.error(f"bad input got {r.status_code}: {r.text[:100]}")
+
+    def version_prober(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as c:
+            while time.monotonic() < self.end:
+                t0 = time.perf_counter()
+                r = c.get("/api/version")
+                dt = (time.perf_counter() - t0) * 1e3
+                if r.status_code != 200:
+                    self.error(f"version status {r.status_code}")
+                with self.lock:
+                    self.version_ms.append(dt)
+                time.sleep(0.05)
+
+    def run(self) -> None:
+        threads = [threading.Thread(target=self.stream_client, args=(i,)) for i in range(self.streams)]
+        threads += [threading.Thread(target=f) for f in (self.document_client, self.bad_client, self.version_prober)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10)
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--disconnect", type=float, default=0.25, help="share of streams cut mid-way")
+    ap.add_argument("--warmup", type=float, default=30, help="seconds of the same load before RSS is first read")
+    ap.add_argument("--out", default="docs/bench/soak.json")
+    args = ap.parse_args()
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="evenflow-soak-")
+    env = {**os.environ, "EVENFLOW_HOST": f"127.0.0.1:{port}", "EVENFLOW_MODELS": str(Path(tmp) / "models")}
+    proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "daemon.log", "w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(url + "/api/tags", timeout=5).json().get("models"):
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("the daemon did not start (see " + str(Path(tmp) / "daemon.log") + ")")
+            time.sleep(0.2)
+        warm = httpx.post(url + "/api/generate", json={"model": "demo", "prompt": "hi", "stream": False,
+                                                       "options": {"num_predict": 4}}, timeout=300)
+        assert warm.status_code == 200, warm.text
+        Soak(url, "demo", args.warmup, args.streams, args.disconnect).run()  # allocator arenas, caches: not a leak
+        rss0 = rss_kb(proc.pid)
+        soak = Soak(url, "demo", args.minutes * 60, args.streams, args.disconnect)
+        t0 = time.monotonic()
+        soak.run()
+        elapsed = time.monotonic() - t0
+        time.sleep(2)  # let the last aborts reach the engine
+        rss1 = rss_kb(proc.pid)
+        after = {"kv_blocks_used": metric(url, "evenflow_kv_blocks_used"),
+                 "running": metric(url, "evenflow_running_sequences"),
+                 "queue": metric(url, "evenflow_queue_depth"), "pool_running": None}
+        ps = httpx.get(url + "/api/ps", timeout=30).json()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    result = {
+        "machine": {"cpu": cpu, "cores": os.cpu_count(), "note": "shared with other engineers' work: noisy"},
+        "daemon": "evenflow serve with default settings (backend auto), synthetic demo model, HTTP on loopback",
+        "minutes": round(elapsed / 60, 2), "streams": args.streams, "disconnect_share": args.disconnect,
+        "counts": soak.counts, "errors": len(soak.errors), "error_samples": soak.errors[:10],
+        "gap_ms": {p: round(pct(soak.gaps, float(p[1:])), 1) for p in ("p50", "p90", "p99")} | {"n": len(soak.gaps)},
+        "version_ms": {p: round(pct(soak.version_ms, float(p[1:])), 1) for p in ("p50", "p99")}
+                      | {"max": round(max(soak.version_ms or [0]), 1), "n": len(soak.version_ms)},
+        "after": {k: v for k, v in after.items() if v is not None}, "models_loaded_after": len(ps.get("models", [])),
+        "rss_mb": {"start": round(rss0 / 1024, 1), "end": round(rss1 / 1024, 1),
+                   "growth_pct": round(100 * (rss1 - rss0) / rss0, 2) if rss0 else None},
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"soak: {result['minutes']} min on {cpu} ({os.cpu_count()} cores, shared machine)")
+    print(f"{'errors':<28}{result['errors']}")
+    for k, v in soak.counts.items():
+        print(f"{k:<28}{v}")
+    print(f"{'stream gap ms p50/p90/p99':<28}{result['gap_ms']['p50']} / {result['gap_ms']['p90']} / "
+          f"{result['gap_ms']['p99']}  (n={len(soak.gaps)})")
+    print(f"{'/api/version ms p50/p99/max':<28}{result['version_ms']['p50']} / {result['version_ms']['p99']} / "
+          f"{result['version_ms']['max']}")
+    print(f"{'after: kv/running/queue':<28}{after['kv_blocks_used']:.0f} / {after['running']:.0f} / {after['queue']:.0f}")
+    print(f"{'RSS MB start -> end':<28}{result['rss_mb']['start']} -> {result['rss_mb']['end']} "
+          f"({result['rss_mb']['growth_pct']}%)")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

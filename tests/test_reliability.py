@@ -1,0 +1,146 @@
+"""Issue 14: one request never freezes the daemon (its CPU work runs in the worker pool), request bodies have a
+limit, a 500 leaves the connection usable, and start-up prunes blobs that interrupted creates left behind."""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api_harness import BACKENDS, Daemon, start_daemon, upload_model
+
+from evenflow.daemon.api.errors import INTERNAL_ERROR
+
+
+def _http_exchange(sock: socket.socket, request: bytes) -> tuple[int, bytes]:
+    """Send one HTTP/1.1 request on `sock` and read one response (Content-Length framed)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    status = int(head.split(b" ", 2)[1])
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        body += chunk
+    return status, body
+
+
+@pytest.fixture(scope="module")
+def small_limit(tmp_path_factory) -> Daemon:
+    d = start_daemon(tmp_path_factory.mktemp("limits"), max_body_mb="1")
+    yield d
+    d.stop()
+
+
+def test_body_over_the_limit_is_413(small_limit: Daemon) -> None:
+    big = json.dumps({"model": "tiny", "prompt": "x" * (2 * 2**20)}).encode()
+    r = httpx.post(small_limit.url + "/api/generate", content=big, timeout=60)
+    assert r.status_code == 413 and "request body too large" in r.json()["error"]
+    assert "EVENFLOW_MAX_BODY_MB" in r.json()["error"]
+    r = httpx.post(small_limit.url + "/v1/completions", content=big, timeout=60)
+    assert r.status_code == 413 and "too large" in r.json()["error"]["message"]  # OpenAI shape under /v1
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for i in range(0, len(big), 65536):
+            yield big[i:i + 65536]
+
+    r = httpx.post(small_limit.url + "/api/chat", content=chunks(), timeout=60)
+    assert r.status_code == 413 and "too large" in r.json()["error"]
+    blob = b"\0" * (2 * 2**20)  # model files are exempt
+    r = httpx.post(small_limit.url + f"/api/blobs/sha256:{hashlib.sha256(blob).hexdigest()}", content=blob, timeout=60)
+    assert r.status_code == 201
+    assert httpx.get(small_limit.url + "/api/version").status_code == 200
+
+
+def test_a_500_leaves_the_keepalive_connection_usable(small_limit: Daemon) -> None:
+    app = small_limit.server.config.app
+
+    async def broken() -> None:
+        raise RuntimeError("secret /srv/path/to/store detail")
+
+    if not any(getattr(r, "path", "") == "/test/broken" for r in app.router.routes):
+        app.add_api_route("/test/broken", broken, methods=["GET"])
+    host, port = small_limit.url.removeprefix("http://").split(":")
+    req = b"GET /test/broken HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        for _ in range(2):
+            status, body = _http_exchange(sock, req)
+            assert status == 500 and json.loads(body) == {"error": INTERNAL_ERROR}
+            assert b"secret" not in body
+        status, body = _http_exchange(sock, b"GET /api/version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert status == 200 and b"version" in body
+
+
+def test_startup_prunes_unreferenced_blobs(tmp_path: Path, synthetic_model) -> None:
+    from evenflow.daemon.store import ModelStore
+
+    gguf = Path(synthetic_model("tiny", formats=("gguf",))["gguf"])
+    store = ModelStore(tmp_path / "models")
+    kept = store.add_blob_file(gguf)
+    list(store.create("tiny", files={gguf.name: kept}))
+    stray = store.add_blob_bytes(b"an upload whose create never came")
+    assert store.has_blob(stray)
+    d = start_daemon(tmp_path, noprune=True)  # OLLAMA_NOPRUNE: left alone
+    d.stop()
+    assert store.has_blob(stray)
+    d = start_daemon(tmp_path)
+    try:
+        assert not store.has_blob(stray) and store.has_blob(kept)
+        r = httpx.post(d.url + "/api/show", json={"model": "tiny"}, timeout=60)
+        assert r.status_code == 200
+    finally:
+        d.stop()
+
+
+def test_version_answers_while_big_inputs_are_being_prepared(tmp_path: Path, synthetic_model) -> None:
+    # Two clients loop on a 4 MB prompt and a template bomb (both end in 400); /api/version must answer while
+    # that work is running in the pool. An ordering of events, not a timing bound (latency figures: the soak
+    # script under docs/bench).
+    gguf = Path(synthetic_model("tiny", formats=("gguf",))["gguf"])
+    d = start_daemon(tmp_path, backend=BACKENDS[0], context_length="1024")
+    stop = threading.Event()
+    statuses: list[int] = []
+    threads: list[threading.Thread] = []
+    try:
+        upload_model(d.url, gguf, "tiny")
+        bodies = [{"model": "tiny", "prompt": "word " * (4 * 2**20 // 5), "stream": False},
+                  {"model": "tiny", "prompt": "x", "stream": False,
+                   "template": "{{ range 3000 }}{{ range 3000 }}x{{ end }}{{ end }}"}]
+
+        def bad_client(body: dict) -> None:
+            with httpx.Client(base_url=d.url, timeout=120) as c:
+                while not stop.is_set():
+                    statuses.append(c.post("/api/generate", json=body).status_code)
+
+        threads += [threading.Thread(target=bad_client, args=(b,)) for b in bodies]
+        for t in threads:
+            t.start()
+        answered_while_busy = 0
+        with httpx.Client(base_url=d.url, timeout=60) as c:
+            deadline = time.monotonic() + 120
+            while answered_while_busy < 5 and time.monotonic() < deadline:
+                if d.ctx.workers.running == 0:
+                    time.sleep(0.005)
+                    continue
+                r = c.get("/api/version")
+                assert r.status_code == 200
+                if d.ctx.workers.running > 0:  # bad work was in the pool when we asked and when it answered
+                    answered_while_busy += 1
+        assert answered_while_busy == 5
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+        d.stop()
+    assert statuses and set(statuses) == {400}

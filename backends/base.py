@@ -79,6 +79,23 @@ class ModelInfo:
     metadata: dict[str, Any] = field(default_factory=dict)  # GGUF-style key/values for /api/show model_info
 
 
+@dataclass
+class GrammarVocab:
+    """A vocabulary as a grammar engine needs it, as plain data: every id's bytes (special tokens as
+    b"\\xff" + their text, so no grammar can spell them by accident), end-of-generation ids, a plain tokenizer."""
+
+    tokens: list[bytes]
+    special_ids: list[int]
+    eos_ids: list[int]
+    bos_id: int | None
+    encode: Callable[[str], list[int]]  # text -> ids, no BOS, special-token text left as text
+
+
+def special_piece(text: bytes) -> bytes:
+    """How a special token appears in a `GrammarVocab` (llguidance's marker byte)."""
+    return b"\xff" + text
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """Token ids <-> text. `token_bytes` is what streaming detokenisation is built on."""
@@ -98,6 +115,10 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int]) -> str:
         """Ids to text, control tokens dropped, invalid UTF-8 replaced."""
+        ...
+
+    def grammar_vocab(self) -> GrammarVocab:
+        """The vocabulary for constrained decoding (daemon/engine/grammar.py)."""
         ...
 
 

@@ -178,13 +178,19 @@ class ModelManager:
                 await asyncio.shield(fut)
                 continue
             model = self.models.get(record.name)
-            if model is not None and not self._needs_reload(model, num_ctx):
+            if model is not None and model.record.path == record.path and model.record != record:
+                # Re-created with the same weights (/api/create of a loaded name): the next request uses the new
+                # template, system and parameters; running requests keep what they were prepared with.
+                log.info("%s was re-created: the loaded copy takes its new template and parameters", record.name)
+                model.record = record
+            if model is not None and not self._needs_reload(model, num_ctx) and model.record.path == record.path:
                 return model
             fut = asyncio.get_running_loop().create_future()
             self._loading[record.name] = fut
             try:
-                if model is not None:  # a bigger num_ctx: wait for its requests, then reload
-                    log.info("reloading %s for num_ctx=%s (loaded with %d)", record.name, num_ctx, model.context_length)
+                if model is not None:  # a bigger num_ctx or new weights: wait for its requests, then reload
+                    log.info("reloading %s (num_ctx=%s, loaded with %d; weights %s)", record.name, num_ctx,
+                             model.context_length, "changed" if model.record.path != record.path else "unchanged")
                     while model.active:
                         await asyncio.sleep(0.02)
                     await self._drop(model)

@@ -99,7 +99,20 @@ def thinking_tags(template: str | None) -> tuple[str, str] | None:
         return None
     if "<think>" in template or (is_go_template(template) and "think" in _safe_go_vars(template)):
         return ("<think>", "</think>")
+    if "enable_thinking" in template and not is_go_template(template) and _switches_on_thinking(template):
+        return ("<think>", "</think>")
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _switches_on_thinking(template: str) -> bool:
+    """A Jinja template thinks if `enable_thinking` changes what it renders (not merely that it names it)."""
+    msgs = [{"role": "user", "content": "hi"}]
+    try:
+        on, off = (render_chat(template, msgs, enable_thinking=flag) for flag in (True, False))
+    except TemplateError:
+        return False
+    return on != off
 
 
 def _safe_go_vars(template: str) -> set[str]:

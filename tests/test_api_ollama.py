@@ -193,8 +193,8 @@ def test_unsupported_features_are_clear_400s(client: ollama.Client) -> None:
         client.chat("tiny", messages=[{"role": "user", "content": "x"}], think=True)
     assert exc.value.status_code == 400 and 'does not support thinking' in exc.value.error
     with pytest.raises(ollama.ResponseError) as exc:
-        client.generate("tiny", "x", format="json")
-    assert exc.value.status_code == 400 and "structured outputs are not supported yet" in exc.value.error
+        client.generate("tiny", "x", format={"type": "nonsense"})
+    assert exc.value.status_code == 400 and "Invalid type: nonsense" in exc.value.error
     tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object",
                                                                                             "properties": {}}}}
     with pytest.raises(ollama.ResponseError) as exc:

@@ -101,8 +101,8 @@ def test_openai_error_shape(client: openai.OpenAI, daemon: Daemon) -> None:
         client.chat.completions.create(model="tiny", messages=[])
     assert "too short" in exc.value.message
     with pytest.raises(openai.BadRequestError) as exc:
-        client.chat.completions.create(model="tiny", messages=MSGS, response_format={"type": "json_object"})
-    assert "structured outputs" in exc.value.message
+        client.chat.completions.create(model="tiny", messages=MSGS, response_format={"type": "xml"})
+    assert "invalid response_format" in exc.value.message
     r = httpx.post(daemon.url + "/v1/chat/completions", content=b"{not json")
     body = r.json()
     assert r.status_code == 400 and body["error"]["type"] == "invalid_request_error"

@@ -8,6 +8,8 @@ from typing import Iterable
 
 from tokenizers import Tokenizer as HFTok
 
+from ..base import GrammarVocab, special_piece
+
 log = logging.getLogger(__name__)
 
 # Tokens that end a generation in the families we run, besides the declared EOS.
@@ -116,6 +118,17 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+    def grammar_vocab(self) -> GrammarVocab:
+        """Byte tokens and BPE pieces as their raw bytes; control tokens marked special by their text."""
+        added = self._tok.get_added_tokens_decoder()
+        tokens = list(self._bytes)
+        for i in self.control_ids:
+            if 0 <= i < len(tokens):
+                text = added[i].content if i in added else (self._tok.id_to_token(i) or f"<control_{i}>")
+                tokens[i] = special_piece(text.encode("utf-8"))
+        return GrammarVocab(tokens, sorted(self.control_ids), sorted(self.eos_ids), self.bos_id,
+                            lambda text: self._tok_plain.encode(text, add_special_tokens=False).ids)
 
     def id_to_piece(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)

@@ -6,6 +6,8 @@ import logging
 
 import llama_cpp.llama_cpp as L
 
+from ..base import GrammarVocab, special_piece
+
 log = logging.getLogger(__name__)
 
 
@@ -55,6 +57,23 @@ class LlamaCppTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         """Ids to text: the concatenated pieces (what streaming produces), invalid UTF-8 replaced."""
         return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+    def grammar_vocab(self) -> GrammarVocab:
+        """Pieces from llama.cpp; control tokens (and `<...>` user-defined ones) marked special by their text."""
+        tokens: list[bytes] = []
+        special: list[int] = []
+        buf = ctypes.create_string_buffer(1024)
+        for t in range(self.vocab_size):
+            attr = L.llama_vocab_get_attr(self._vocab, t)
+            piece = self.token_bytes(t)
+            ctl = attr & L.LLAMA_TOKEN_ATTR_CONTROL
+            if ctl or (attr & L.LLAMA_TOKEN_ATTR_USER_DEFINED and piece.startswith(b"<") and piece.endswith(b">")):
+                n = L.llama_token_to_piece(self._vocab, t, buf, len(buf), 0, True)
+                piece = special_piece(buf.raw[:max(n, 0)] or f"<control_{t}>".encode())
+                special.append(t)
+            tokens.append(piece)
+        return GrammarVocab(tokens, special, sorted(self.eos_ids), self.bos_id,
+                            lambda text: self.encode(text, add_special=False, parse_special=False))
 
     def close(self) -> None:
         """Free the vocab-only model of `open_vocab` (a runner's tokenizer dies with the runner)."""

@@ -130,7 +130,7 @@ async def engine_stream(request: Request, lease: Lease, prep: "Prepared", endpoi
         user["prompt"] = prep.text
     engine = model.engine
     try:
-        stream = engine.submit(prep.prompt_ids, prep.params, user=user)
+        stream = engine.submit(prep.prompt_ids, prep.params, user=user, constraint=prep.constraint)
     except PromptTooLong as e:
         raise APIError(400, str(e)) from None
     except QueueFull:

@@ -210,7 +210,7 @@ async def completions(request: Request) -> Response:
             obj = {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
                                         "finish_reason": None if final is None else _finish(final["done_reason"], False)}]}
             if include_usage:
-                obj["usage"] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+                obj["usage"] = None  # as OpenAI: null on content chunks, the real usage on the last one
             yield obj
             if final is not None and include_usage:
                 yield {**base, "choices": [], "usage": _usage(final)}

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.grammar import Constraint, GrammarError, grammar_for_format
 from ..engine.params import SamplingParams
 from ..models import LoadedModel
 from . import prompting
@@ -25,26 +26,58 @@ class Prepared:
     window: int  # this request's context length
     think: bool | str | None = None
     tools: list[dict[str, Any]] | None = None
+    constraint: Constraint | None = None  # format / response_format, compiled for this model
 
 
-def check_format(fmt: Any) -> None:
-    """Structured outputs (a JSON grammar) are not implemented: say so rather than ignore the request."""
-    if fmt is None or fmt == "":
-        return
-    if fmt == "json" or isinstance(fmt, dict):
-        raise APIError(400, "structured outputs are not supported yet (format \"json\" or a JSON schema)")
-    raise APIError(400, f"invalid format: {json.dumps(fmt)[:200]}; expected \"json\" or a valid JSON Schema object")
+def check_format(fmt: Any) -> str | None:
+    """`format` as a grammar (None when absent); 400 with the grammar engine's message when it cannot compile."""
+    try:
+        return grammar_for_format(fmt)
+    except GrammarError as e:
+        raise APIError(400, str(e)[:2000]) from None
+
+
+def constraint_for(model: LoadedModel, grammar: str | None, think: bool | str | None) -> Constraint | None:
+    """The grammar as this model's matcher. With thinking on, the thinking stays free and the answer after
+    the closing tag is constrained (Ollama generates until thinking ends, then applies the grammar)."""
+    if grammar is None:
+        return None
+    tags = prompting.thinking_tags(model) if think else None
+    try:
+        return model.engine.grammars.compile(grammar, start_after=tags[1] if tags else None)
+    except GrammarError as e:
+        raise APIError(400, str(e)[:2000]) from None
+
+
+def response_format_grammar(rf: Any) -> str | None:
+    """OpenAI's response_format: text | json_object ("json") | json_schema (its `schema`)."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise APIError(400, f"invalid response_format: {json.dumps(rf)[:200]}; expected type \"text\", "
+                            f"\"json_object\" or \"json_schema\"", param="response_format")
+    if rf["type"] == "json_object":
+        return check_format("json")
+    if rf["type"] == "json_schema":
+        js = rf.get("json_schema")
+        schema = js.get("schema") if isinstance(js, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format json_schema needs json_schema.schema (an object)",
+                           param="response_format")
+        return check_format(schema)
+    return None
 
 
 def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParams, window: int,
-            think: bool | str | None = None, tools: list[dict[str, Any]] | None = None) -> Prepared:
+            think: bool | str | None = None, tools: list[dict[str, Any]] | None = None,
+            grammar: str | None = None) -> Prepared:
     fit_to_context(ids, params, window, model)
-    return Prepared(text, ids, params, window, think, tools)
+    return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think))
 
 
 def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:
     """/api/generate: the request's template (or the model's), raw mode, `context` ids prepended."""
-    check_format(req.format)
+    grammar = check_format(req.format)
     window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     if req.raw:
@@ -54,7 +87,7 @@ def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> P
                                                       suffix=req.suffix or "", template=req.template, think=think)
     ids = list(req.context or []) + prompting.encode(model, text, add_special=add_special and not req.context)
     params = sampling_params(req.options, model.record.params)
-    return _finish(model, text, ids, params, window, think)
+    return _finish(model, text, ids, params, window, think, grammar=grammar)
 
 
 def _chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -67,13 +100,13 @@ def _chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list
 
 def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
     """/api/chat: the model's chat template over the request's messages and tools."""
-    check_format(req.format)
+    grammar = check_format(req.format)
     window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     tools = req.tools or None
     text, ids = _chat_prompt(model, [m.as_template_dict() for m in req.messages or []], tools, think)
     params = sampling_params(req.options, model.record.params)
-    return _finish(model, text, ids, params, window, think, tools)
+    return _finish(model, text, ids, params, window, think, tools, grammar)
 
 
 def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedModel) -> SamplingParams:
@@ -84,6 +117,8 @@ def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedM
         raise APIError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
     if req.n not in (None, 1):
         raise APIError(400, f"n={req.n} is not supported; only n=1", param="n")
+    if req.logprobs or req.top_logprobs:  # refused rather than silently dropped
+        raise APIError(400, "logprobs are not supported yet", param="logprobs")
     return sampling_params(None, model.record.params, num_predict=max_tokens, stop=stop, seed=req.seed,
                            temperature=1.0 if req.temperature is None else req.temperature,
                            top_p=1.0 if req.top_p is None else req.top_p,
@@ -93,13 +128,11 @@ def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedM
 def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: list[dict[str, Any]],
                     think: bool | str | None) -> Prepared:
     """/v1/chat/completions: `messages` already converted to the template's shape, `think` from reasoning_effort."""
-    rf = req.response_format or {}
-    if rf.get("type") in ("json_object", "json_schema"):
-        check_format("json")
+    grammar = response_format_grammar(req.response_format)
     think = prompting.resolve_think(model, think)
     tools = req.tools or None
     text, ids = _chat_prompt(model, messages, tools, think)
-    return _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None), think, tools)
+    return _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None), think, tools, grammar)
 
 
 def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
@@ -110,7 +143,8 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
     else:
         text, add = req.prompt, True
     ids = prompting.encode(model, text, add_special=add)
-    return _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None))
+    return _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None),
+                   grammar=response_format_grammar(req.response_format))
 
 
 def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:

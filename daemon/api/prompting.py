@@ -35,6 +35,11 @@ def supports_tools(model: LoadedModel) -> bool:
     return "tools" in tpl.template_capabilities(t) and tpl.tool_format_for(t) is not None
 
 
+def thinking_tags(model: LoadedModel) -> tuple[str, str] | None:
+    """The model's (open, close) reasoning markers, None where its template teaches none."""
+    return tpl.thinking_tags(template_of(model))
+
+
 def resolve_think(model: LoadedModel, think: bool | str | None) -> bool | str | None:
     """None/False: no thinking; a thinking-capable model defaults to on (as Ollama); 400 where unsupported."""
     capable = tpl.thinking_tags(template_of(model)) is not None

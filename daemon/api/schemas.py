@@ -164,6 +164,9 @@ class _OAICommon(_Req):
     frequency_penalty: Optional[Number] = None
     presence_penalty: Optional[Number] = None
     n: Optional[StrictInt] = None
+    response_format: Any = None
+    logprobs: Any = None  # chat: bool; completions: int (the number of top logprobs)
+    top_logprobs: Optional[StrictInt] = None
 
 
 class OAIFunctionCall(_Req):
@@ -188,7 +191,6 @@ class OAIMessage(_Req):
 
 class ChatCompletionRequest(_OAICommon):
     messages: list[OAIMessage]
-    response_format: Optional[dict[str, Any]] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Any = None
     reasoning_effort: Optional[StrictStr] = None

@@ -56,7 +56,7 @@ class StoreAdapter:
 
     def resolve(self, name: str) -> ModelRecord:
         if not name:
-            raise APIError(404, "model '' not found")
+            raise APIError(400, "model is required")  # Ollama's answer, before any lookup
         with store_errors(name):
             r = self.store.resolve(name)
         return ModelRecord(name=r.name, path=str(r.model_path), template=r.template, system=r.system,

@@ -19,6 +19,7 @@ import numpy as np
 from ...backends.base import Runner
 from .budget import AdaptiveBudget, BudgetPolicy, FixedBudget, StepCost
 from .detokenizer import IncrementalDetokenizer
+from .grammar import Constraint, GrammarCompiler, mask_rows
 from .kv import BlockManager, blocks_for
 from .params import SamplingParams
 from .sampling import RequestRng, penalty_window, sample_batch
@@ -82,11 +83,12 @@ class EngineStats:
 class _SeqState:
     """Per-sequence engine-side state that the scheduler does not need."""
 
-    __slots__ = ("detok", "rng")
+    __slots__ = ("detok", "rng", "constraint")
 
-    def __init__(self, seq: Sequence) -> None:
+    def __init__(self, seq: Sequence, constraint: Constraint | None) -> None:
         self.detok = IncrementalDetokenizer(seq.params.stop)
         self.rng = RequestRng(seq.params.seed)
+        self.constraint = constraint  # format / response_format: a grammar over the output
 
 
 def penalty_history(seq: Sequence) -> list[int]:
@@ -139,6 +141,7 @@ class Engine:
             on_release=self._release_slot)
         self.context_length = min(self.config.context_length or runner.info.context_length, runner.info.context_length)
         self.eos_ids = set(runner.tokenizer.eos_ids)
+        self.grammars = GrammarCompiler(runner.tokenizer, runner.info.vocab_size)
         self._states: dict[int, _SeqState] = {}
         self._seqs: dict[int, Sequence] = {}
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
@@ -156,7 +159,9 @@ class Engine:
             self._thread.start()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, *, user: dict | None = None,
-               loop: asyncio.AbstractEventLoop | None | str = "auto") -> RequestStream:
+               loop: asyncio.AbstractEventLoop | None | str = "auto",
+               constraint: Constraint | None = None) -> RequestStream:
+        """`constraint`: from `self.grammars.compile(...)`, owned by this sequence from now on."""
         if self._stopping:
             raise EngineStopped("the engine is shutting down")
         if not prompt_ids:
@@ -180,7 +185,7 @@ class Engine:
                 loop = None
         seq = Sequence(prompt_ids, params, self.context_length, user=user)
         seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
-        self._post("add", seq)
+        self._post("add", (seq, constraint))
         return seq.stream
 
     def abort(self, seq_id: int) -> None:
@@ -276,9 +281,9 @@ class Engine:
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":
-            seq: Sequence = payload
+            seq, constraint = payload
             self._seqs[seq.seq_id] = seq
-            self._states[seq.seq_id] = _SeqState(seq)
+            self._states[seq.seq_id] = _SeqState(seq, constraint)
             self.scheduler.add(seq)
             self._publish_request(seq, "queued")
         elif kind == "abort":
@@ -328,8 +333,12 @@ class Engine:
         sampled = [s for s in plan.spans if s.need_logits]
         if sampled:
             seqs = [s.seq for s in sampled]
+            logits = np.array(logits, dtype=np.float32, copy=True)
+            constrained = [(i, c) for i, q in enumerate(seqs)
+                           if (c := self._states[q.seq_id].constraint) is not None and c.active]
+            mask_rows(self.grammars.executor if constrained else None, logits, constrained)
             toks = sample_batch(
-                np.array(logits, dtype=np.float32, copy=True), [q.params for q in seqs],
+                logits, [q.params for q in seqs],
                 [self._states[q.seq_id].rng for q in seqs],
                 [penalty_history(q) for q in seqs])
             for seq, tok in zip(seqs, toks.tolist()):
@@ -353,12 +362,19 @@ class Engine:
         seq.t_last_token = now
         m.eval_count += 1
         st = self._states[seq.seq_id]
+        c = st.constraint
+        was_active = c is not None and c.active
+        if was_active and not c.consume(tok):  # type: ignore[union-attr]
+            self._finish(seq, "error", f"grammar rejected a sampled token: {c.error}")  # type: ignore[union-attr]
+            return
         if tok in self.eos_ids:
             self._finish(seq, "stop")
             return
         seq.output_ids.append(tok)
         text = st.detok.add(self.runner.tokenizer.token_bytes(tok))
-        if st.detok.stopped:
+        if c is not None and not was_active:
+            c.observe_text(text)
+        if st.detok.stopped or (was_active and c.finished):  # type: ignore[union-attr]
             if text:
                 self._send(seq, Delta(text, [tok]))
             self._finish(seq, "stop")

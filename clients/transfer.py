@@ -16,41 +16,79 @@ HF_FILES = ("*.safetensors", "config.json", "generation_config.json", "tokenizer
             "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt")
 
 
+BAR_WIDTH = 20
+
+
+def _bar(fraction: float) -> str:
+    filled = int(round(BAR_WIDTH * max(0.0, min(1.0, fraction))))
+    return "▕" + "█" * filled + " " * (BAR_WIDTH - filled) + "▏"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
 class ProgressView:
-    """One bar per digest (`pulling 1a2b3c4d5e6f: 100% ▕███▏ 4.7 MB`), other statuses as plain lines."""
+    """Ollama's look: one bar per digest (`pulling 1a2b3c4d5e6f: 100% ▕███▏ 4.7 MB`), other statuses as lines.
+
+    On a terminal the bars are live (rich); otherwise each bar is printed once, when it completes."""
 
     def __init__(self) -> None:
         from rich.console import Console  # noqa: PLC0415 - only the transfer verbs draw bars
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import TransferSpeedColumn
+        from rich.text import Text
 
-        self.console = Console(stderr=True, highlight=False)
-        self.progress = Progress(TextColumn("{task.description}:"), TextColumn("{task.percentage:>3.0f}%"),
-                                 TextColumn("▕", style="bar.back"), BarColumn(bar_width=20, complete_style="white",
-                                                                             finished_style="white"),
-                                 TextColumn("▏", style="bar.back"), DownloadColumn(binary_units=False),
-                                 TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
-                                 transient=False, auto_refresh=self.console.is_terminal)
+        class BarColumn(ProgressColumn):
+            def render(self, task: Any) -> Any:
+                return Text(_bar(task.completed / task.total if task.total else 0.0))
+
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.live = self.console.is_terminal
+        self._columns = (TextColumn("{task.description}:"), TextColumn("{task.percentage:>3.0f}%"), BarColumn(),
+                         DownloadColumn(binary_units=False), TransferSpeedColumn(), TimeRemainingColumn())
+        self._progress_cls = Progress
+        self.progress: Any = None  # the live bars since the last plain status line
         self.tasks: dict[str, Any] = {}
+        self.printed: set[str] = set()
         self.last_status = ""
 
     def __enter__(self) -> "ProgressView":
-        self.progress.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.progress.stop()
+        self._freeze()
+
+    def _freeze(self) -> None:
+        """Stop the live bars where they are, so the next status line prints below them (Ollama's order)."""
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
 
     def update(self, item: dict[str, Any]) -> None:
         status = item.get("status", "")
         digest, total = item.get("digest"), item.get("total")
         if digest and total:
-            task = self.tasks.get(digest)
-            if task is None:
-                task = self.tasks[digest] = self.progress.add_task(status, total=total)
-            self.progress.update(task, description=status, completed=item.get("completed", 0))
+            done = item.get("completed", 0)
+            if self.live:
+                if self.progress is None:
+                    self.progress = self._progress_cls(*self._columns, console=self.console, transient=False)
+                    self.progress.start()
+                    self.tasks.clear()
+                task = self.tasks.get(digest)
+                if task is None:
+                    task = self.tasks[digest] = self.progress.add_task(status, total=total)
+                self.progress.update(task, description=status, completed=done)
+            elif done >= total and digest not in self.printed:
+                self.printed.add(digest)
+                self.console.print(f"{status}: 100% {_bar(1.0)} {_human(total)}")
         elif status and status != self.last_status:
-            self.progress.console.print(status)
+            self._freeze()
+            self.console.print(status)
         self.last_status = status
 
 

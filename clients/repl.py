@@ -261,12 +261,21 @@ class Repl:
         """One message; a line starting with \"\"\" continues until a line ending with \"\"\"."""
         line = self.prompt.prompt(">>> ", placeholder="Send a message (/? for help)")
         body = line.lstrip()
+        head = ""
+        if body.lower().startswith("/set system") and body.count('"""') == 1:  # /set system \"\"\"multi-line
+            head, body = body[: body.index('"""')], body[body.index('"""'):]
         if not body.startswith('"""'):
             return line
         body = body[3:]
+        if head:
+            return head + self._read_more(body)
         if body.rstrip().endswith('"""'):  # \"\"\"all on one line\"\"\"
             return body.rstrip()[:-3]
-        lines = [body] if body else []
+        return self._read_more(body)
+
+    def _read_more(self, first: str) -> str:
+        """Continuation lines (`... `) until one ends with \"\"\"; returns them joined, quotes removed."""
+        lines = [first] if first else []
         while True:
             nxt = self.prompt.prompt("... ")
             if nxt.rstrip().endswith('"""'):
@@ -367,7 +376,12 @@ class Repl:
             print("Disabled format.")
         elif what == "system":
             text = line.split(None, 2)[2] if len(rest) > 1 else ""
-            s.system = text.strip().strip('"') or None
+            text = text.strip()
+            for q in ('"""', '"'):
+                if len(text) >= 2 * len(q) and text.startswith(q) and text.endswith(q):
+                    text = text[len(q):-len(q)]
+                    break
+            s.system = text or None
             print("Set system message.")
         elif what == "parameter":
             self._set_parameter(rest[1:])

@@ -96,6 +96,14 @@ def test_repl_streams_sets_parameters_multiline_save_and_bye(daemon: Daemon, tmp
         assert info["parameters"].split()[:2] == ["num_predict", "5"]
         term.send("/show parameters", "Enter")
         term.wait(lambda s: "User defined parameters:" in s, "/show parameters")
+        term.send('/set system """Be brief.', "Enter")
+        term.send('Very brief."""', "Enter")
+        term.wait(lambda s: "Set system message." in s, "the system message")
+        term.send("/show system", "Enter")
+        term.wait(lambda s: "Be brief.\nVery brief.\n>>> " in s, "/show system")
+        term.send("Up", "Up")  # history: the line before /show system
+        term.wait(lambda s: s.rstrip().splitlines()[-1] == '>>> Very brief."""', "the history recall")
+        term.send("C-u")
         term.send("/nope", "Enter")
         term.wait(lambda s: "Unknown command '/nope'. Type /? for help" in s, "the unknown-command message")
         term.send("/bye", "Enter")

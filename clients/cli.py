@@ -12,14 +12,13 @@ from typing import Any
 
 import httpx
 
-from ..daemon.config import SETTINGS, ConfigError, load_settings, parse_host
+from ..daemon.config import SETTINGS, ConfigError, load_settings
+from . import connect, lan_cli, service
+from .discover import DiscoveryError
 
 
 def _base_url() -> str:
-    raw = os.environ.get("EVENFLOW_HOST") or os.environ.get("OLLAMA_HOST") or ""
-    hp = parse_host(raw) if raw.strip() else parse_host("127.0.0.1:11434")
-    host = "127.0.0.1" if hp.host in ("0.0.0.0", "::") else hp.host
-    return f"{hp.scheme}://{'[' + host + ']' if ':' in host else host}:{hp.port}"
+    return connect.base_url()  # EVENFLOW_HOST / OLLAMA_HOST; `auto` finds a daemon on the LAN
 
 
 class CLIError(Exception):
@@ -27,7 +26,7 @@ class CLIError(Exception):
 
 
 def _client() -> httpx.Client:
-    return httpx.Client(base_url=_base_url(), timeout=httpx.Timeout(None, connect=5.0))
+    return httpx.Client(base_url=_base_url(), headers=connect.auth_headers(), timeout=httpx.Timeout(None, connect=5.0))
 
 
 def _check(r: httpx.Response) -> httpx.Response:
@@ -228,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_stop)
     sub.add_parser("bench", help="load generator: stall / poisson / sweep against any server (see `evenflow bench -h`)",
                    add_help=False)
+    lan_cli.add_parsers(sub)  # key, discover (issue 15)
+    service.add_parser(sub)
     return p
 
 
@@ -246,8 +247,12 @@ def main(argv: list[str] | None = None) -> None:
     except CLIError as e:
         print(str(e), file=sys.stderr)
         sys.exit(1)
-    except httpx.ConnectError:
-        print(f"Error: could not connect to evenflow at {_base_url()}; is `evenflow serve` running?", file=sys.stderr)
+    except (DiscoveryError, ValueError) as e:  # EVENFLOW_HOST=auto found nothing; a bad key file or host
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except httpx.ConnectError as e:
+        print(f"Error: could not connect to evenflow at {e.request.url.copy_with(path='/')}; is `evenflow serve` "
+              "running?", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -24,6 +24,7 @@ class Found:
     port: int
     version: str = ""
     evenflow: str = ""
+    api: str = ""
     auth: bool = False
     tls: bool = False
     models: list[str] = field(default_factory=list)
@@ -53,7 +54,8 @@ def _found(info: Any) -> Found | None:
     models = [m for m in props.get("models", "").split(",") if m]
     total = int(props["models_total"]) if props.get("models_total", "").isdigit() else len(models)
     return Found(name=info.name.removesuffix("." + SERVICE_TYPE), address=(v4 or addrs)[0], port=info.port,
-                 version=props.get("version", ""), evenflow=props.get("evenflow", ""), auth=props.get("auth") == "1",
+                 version=props.get("version", ""), evenflow=props.get("evenflow", ""),
+                 api=props.get("api", ""), auth=props.get("auth") == "1",
                  tls=props.get("tls") == "1", models=models, models_total=total)
 
 

@@ -21,11 +21,14 @@ def default_key_file(env: Mapping[str, str] | None = None) -> Path:
 
 
 def check_key(key: str, where: str) -> str:
-    """A usable key: printable ASCII without spaces, at least MIN_KEY_LEN characters."""
-    if len(key) < MIN_KEY_LEN or not key.isascii() or not key.isprintable() or " " in key:
-        raise ValueError(f"the API key in {where} must be at least {MIN_KEY_LEN} printable ASCII characters "
-                         "without spaces (make one with `evenflow key new`)")
-    return key
+    """A usable key: printable ASCII without spaces, at least MIN_KEY_LEN characters; ValueError names `where`."""
+    if len(key) < MIN_KEY_LEN:
+        problem = f"is {len(key)} characters long, at least {MIN_KEY_LEN} are needed"
+    elif not (key.isascii() and key.isprintable()) or " " in key:
+        problem = "must be printable ASCII without spaces"
+    else:
+        return key
+    raise ValueError(f"the API key{f' in {where}' if where else ''} {problem} (`evenflow key new` makes a good one)")
 
 
 def read_key_file(path: Path) -> str | None:

@@ -180,7 +180,7 @@ def _path(text: str) -> Path:
 
 
 def _api_key(text: str) -> str:
-    return check_key(text.strip(), "the setting")
+    return check_key(text.strip(), "")
 
 
 def _ip_list(text: str) -> list[str]:
@@ -249,7 +249,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "read-only Ollama store (default ~/.ollama/models if present)"),
     SettingSpec("no_demo", ("EVENFLOW_NO_DEMO",), _parse_bool, "1/0 or true/false",
                 "do not create the synthetic demo model in an empty store", is_flag=True),
-    SettingSpec("api_key", ("EVENFLOW_API_KEY",), _api_key, "at least 16 printable characters",
+    SettingSpec("api_key", ("EVENFLOW_API_KEY",), _api_key, "16 or more printable ASCII characters, no spaces",
                 "require `Authorization: Bearer <key>` on every endpoint but GET / (default: the key file's key, "
                 "if there is one)"),
     SettingSpec("api_key_file", ("EVENFLOW_API_KEY_FILE",), _path, "a file path",
@@ -373,4 +373,5 @@ def _parse(spec: SettingSpec, raw: str, where: str) -> Any:
     try:
         return spec.parse(raw)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{where}={raw!r} is invalid: {spec.accepts} expected ({e})") from None
+        shown = "<hidden>" if spec.name == "api_key" else repr(raw)  # a secret stays out of logs and terminals
+        raise ConfigError(f"{where}={shown} is invalid: {spec.accepts} expected ({e})") from None

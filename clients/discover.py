@@ -93,10 +93,15 @@ class LanBrowser:
         """The daemons seen so far, resolved (from the cache when their records are already in)."""
         with self._cond:
             names = sorted(self._names)
+        from zeroconf import ServiceInfo  # noqa: PLC0415
+
         out = []
         for name in names:
-            info = self._zc.get_service_info(SERVICE_TYPE, name, timeout=resolve_timeout_ms)
-            found = _found(info) if info is not None else None
+            # The cache first: just after a TXT update python-zeroconf's query can be answered by nobody (the stale
+            # copy is a known answer until it expires), while the cache already holds the new record.
+            info = ServiceInfo(SERVICE_TYPE, name)
+            ok = info.load_from_cache(self._zc) or info.request(self._zc, resolve_timeout_ms)
+            found = _found(info) if ok else None
             if found is not None:
                 out.append(found)
         return out

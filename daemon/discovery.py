@@ -5,6 +5,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import time
 from importlib import metadata
 from typing import Any, Callable
 
@@ -15,6 +16,9 @@ log = logging.getLogger(__name__)
 SERVICE_TYPE = "_ollama._tcp.local."
 TXT_STRING_MAX = 255  # one DNS TXT string (key=value) holds at most 255 bytes
 MODEL_CHANGING = frozenset({"/api/create", "/api/copy", "/api/delete", "/api/pull"})
+# A browser keeps every version of a record it received within the last second (RFC 6762 §10.2 cache flush), so
+# two announcements closer than that would leave the stale TXT cached next to the new one: space them out.
+ANNOUNCE_SPACING_S = 1.2
 
 
 def package_version() -> str:
@@ -78,6 +82,7 @@ class Advertiser:
         self._zc: Any = None
         self._info: Any = None
         self._lock = asyncio.Lock()
+        self._announced = 0.0  # monotonic time the last announcement finished
 
     async def start(self) -> bool:
         """Register (probing for a unique name); False, with a logged reason, when nothing is advertised."""
@@ -96,6 +101,7 @@ class Advertiser:
             models = await asyncio.to_thread(self.list_models)
             self._info = self._service_info(models)
             await (await self._zc.async_register_service(self._info, allow_name_change=True))
+            self._announced = time.monotonic()
         except BaseException:
             self._info = None
             await self.close()
@@ -118,12 +124,14 @@ class Advertiser:
         async with self._lock:
             if self._info is None:
                 return
+            await asyncio.sleep(max(0.0, self._announced + ANNOUNCE_SPACING_S - time.monotonic()))
             models = await asyncio.to_thread(self.list_models)
             info = self._service_info(models, self._info.name)
             if info.properties == self._info.properties:
                 return
             self._info = info
             await (await self._zc.async_update_service(info))
+            self._announced = time.monotonic()
             log.info("advertised model list updated (%d models)", len(models))
 
     async def close(self) -> None:

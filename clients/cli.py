@@ -1,8 +1,8 @@
-"""The `evenflow` console script: `serve` (every setting a flag), and list/ps/show/rm/cp/run/stop over HTTP."""
+"""The `evenflow` console script: `serve` (every setting a flag), and list/ps/show/rm/cp/stop over HTTP (run: repl.py;
+pull/push/create: transfer.py)."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -101,6 +101,11 @@ def cmd_show(args: argparse.Namespace) -> None:
         if getattr(args, part):
             print(info.get(part, ""))
             return
+    print_show_info(info)
+
+
+def print_show_info(info: dict[str, Any]) -> None:
+    """`ollama show`'s summary: model, capabilities, parameters."""
     d = info.get("details", {})
     print("  Model")
     for k, v in (("architecture", d.get("family")), ("parameters", d.get("parameter_size")),
@@ -136,37 +141,20 @@ def cmd_stop(args: argparse.Namespace) -> None:
         _check(c.post("/api/generate", json={"model": args.model, "keep_alive": 0, "stream": False}))
 
 
-def cmd_run(args: argparse.Namespace) -> None:
-    prompt = " ".join(args.prompt) if args.prompt else (sys.stdin.read() if not sys.stdin.isatty() else "")
-    if not prompt:
-        raise CLIError("Error: give a prompt: evenflow run MODEL PROMPT (interactive chat lives in the TUI)")
-    body: dict[str, Any] = {"model": args.model, "prompt": prompt, "stream": True}
-    if args.keepalive is not None:
-        body["keep_alive"] = args.keepalive
-    with _client() as c, c.stream("POST", "/api/generate", json=body) as r:
-        if r.status_code >= 400:
-            r.read()
-            _check(r)
-        final: dict[str, Any] = {}
-        for line in r.iter_lines():
-            if not line:
-                continue
-            part = json.loads(line)
-            if part.get("error"):
-                raise CLIError(f"Error: {part['error']}")
-            sys.stdout.write(part.get("response", ""))
-            sys.stdout.flush()
-            if part.get("done"):
-                final = part
-        print()
-    if args.verbose and final:
-        ev, evd = final.get("eval_count", 0), final.get("eval_duration", 0) or 1
-        pe, ped = final.get("prompt_eval_count", 0), final.get("prompt_eval_duration", 0) or 1
-        print(f"total duration:       {final.get('total_duration', 0) / 1e9:.3f}s\n"
-              f"load duration:        {final.get('load_duration', 0) / 1e9:.3f}s\n"
-              f"prompt eval count:    {pe} token(s)\nprompt eval rate:     {pe / ped * 1e9:.2f} tokens/s\n"
-              f"eval count:           {ev} token(s)\neval rate:            {ev / evd * 1e9:.2f} tokens/s",
-              file=sys.stderr)
+def cmd_version(args: argparse.Namespace) -> None:
+    """Ollama's `-v`: the server's version, and the client's when they differ or no server answers."""
+    from .. import __version__ as client  # noqa: PLC0415
+
+    try:
+        with _client() as c:
+            server = _check(c.get("/api/version")).json()
+    except httpx.HTTPError:
+        print("Warning: could not connect to a running evenflow instance")
+        print(f"Warning: client version is {client}")
+        return
+    print(f"evenflow version is {server.get('evenflow', '?')} (Ollama API {server.get('version', '?')})")
+    if server.get("evenflow") != client:
+        print(f"Warning: client version is {client}")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -189,8 +177,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="evenflow", description="Local LLM inference daemon (Ollama-compatible)")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="start the daemon",
+    p.add_argument("-v", "--version", action="store_true", help="show the client and server versions")
+    sub = p.add_subparsers(dest="command")
+    s = sub.add_parser("serve", aliases=["start"], help="start the daemon",
                        description="Start the daemon. Every flag has an environment variable (shown in brackets); "
                                    "the flag wins, then the EVENFLOW_ variable, then the OLLAMA_ one.")
     for spec in SETTINGS:
@@ -216,12 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("source")
     cp.add_argument("destination")
     cp.set_defaults(func=cmd_cp)
-    run = sub.add_parser("run", help="stream a generation for PROMPT")
-    run.add_argument("model")
-    run.add_argument("prompt", nargs="*")
-    run.add_argument("--keepalive", default=None, help="keep_alive for this request (e.g. 5m, 0)")
-    run.add_argument("--verbose", action="store_true", help="print timings")
-    run.set_defaults(func=cmd_run)
+    from . import repl, transfer  # noqa: PLC0415 - the interactive and transfer verbs live in their own modules
+
+    repl.add_parser(sub)
+    transfer.add_parsers(sub)
     st = sub.add_parser("stop", help="unload a model")
     st.add_argument("model")
     st.set_defaults(func=cmd_stop)
@@ -238,7 +225,13 @@ def main(argv: list[str] | None = None) -> None:
         from .bench_cli import main as bench_main  # noqa: PLC0415 - rich/matplotlib only when benchmarking
 
         sys.exit(bench_main(argv[1:]))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        args.func = cmd_version
+    elif args.command is None:
+        parser.print_help(sys.stderr)
+        sys.exit(2)
     try:
         args.func(args)
     except ConfigError as e:

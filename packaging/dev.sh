@@ -12,7 +12,9 @@ install() {
   # torch 2.13.0 is the CPU build on this project's machines; keep a torch the user already has (e.g. CUDA).
   "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
   # llama-cpp-python compiles llama.cpp once (~4 min on 2 cores); pip caches the wheel afterwards.
-  CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" "$PY" -m pip install -q -e ".$1"
+  # Not -q: pip's lines (and its spinner while llama.cpp builds) are the only sign of progress.
+  echo "dev.sh: installing evenflow$1 into $("$PY" -c 'import sys; print(sys.prefix)') (first run: ~4 min)" >&2
+  CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" "$PY" -m pip install --progress-bar on -e ".$1"
 }
 
 case "$what" in

@@ -34,9 +34,10 @@ async def root() -> PlainTextResponse:
 
 @router.api_route("/api/version", methods=["GET", "HEAD"])
 async def version() -> JSONResponse:
+    from ... import __version__  # noqa: PLC0415
     from ..server import VERSION  # noqa: PLC0415
 
-    return JSONResponse({"version": VERSION})
+    return JSONResponse({"version": VERSION, "evenflow": __version__})
 
 
 def check_format(fmt: Any) -> None:

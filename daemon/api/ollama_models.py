@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -125,20 +125,54 @@ async def ps(request: Request) -> JSONResponse:
     return JSONResponse({"models": out})
 
 
-_OFFLINE = ("evenflow does not {verb} models: it runs offline with no registry access. "
-            "{hint}")
+async def _progress_response(steps: Iterator[dict[str, Any]], stream: bool | None, what: str) -> Response:
+    """Stream Ollama's progress lines (an error becomes a last `{"error"}` line), or only the last (500 on error)."""
+    done = object()
+
+    async def items() -> AsyncIterator[dict[str, Any]]:
+        while (item := await asyncio.to_thread(next, steps, done)) is not done:
+            yield item
+
+    if stream is False:
+        last: dict[str, Any] = {}
+        try:
+            async for last in items():
+                pass
+        except Exception as e:  # noqa: BLE001 - Ollama answers a failed non-streamed pull with 500
+            log.warning("%s failed: %s", what, e)
+            raise APIError(500, str(e)) from None
+        return JSONResponse(last)
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for item in items():
+                yield (json.dumps(item) + "\n").encode()
+        except Exception as e:  # noqa: BLE001 - reported in Ollama's shape after the first byte
+            log.warning("%s failed: %s", what, e)
+            yield (json.dumps({"error": str(e)}) + "\n").encode()
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:  # a client gone mid-pull: the shared download goes on for the others
+                await asyncio.to_thread(close)
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
 @router.post("/api/pull")
-async def pull(request: Request) -> JSONResponse:
+async def pull(request: Request) -> Response:
     req = await parse_body(request, PullRequest)
-    name = req.model or req.name or ""
-    raise APIError(501, _OFFLINE.format(verb="pull", hint=f"To use {name!r}, create it from a local GGUF file "
-                                                          "(ollama create / POST /api/create with files), or point "
-                                                          "EVENFLOW_OLLAMA_STORE at an Ollama store that has it."))
+    name = req.model or req.name
+    if not name:
+        raise APIError(400, "model is required")
+    steps = await asyncio.to_thread(_ctx(request).store.pull_iter, name, bool(req.insecure))
+    return await _progress_response(steps, req.stream, f"pull {name}")
 
 
 @router.post("/api/push")
-async def push(request: Request) -> JSONResponse:
-    await parse_body(request, PullRequest)
-    raise APIError(501, _OFFLINE.format(verb="push", hint="Copy the store directory instead."))
+async def push(request: Request) -> Response:
+    req = await parse_body(request, PullRequest)
+    name = req.model or req.name
+    if not name:
+        raise APIError(400, "model is required")
+    steps = await asyncio.to_thread(_ctx(request).store.push_iter, name, bool(req.insecure))
+    return await _progress_response(steps, req.stream, f"push {name}")

@@ -76,6 +76,23 @@ class StoreAdapter:
             it = self.store.create(name, **{k: v for k, v in kwargs.items() if v is not None})
         return _mapped(it, name)
 
+    def pull_iter(self, name: str, insecure: bool) -> Iterator[dict[str, Any]]:
+        """Validates the name (APIError 400) and returns the iterator of progress lines that performs the pull."""
+        from ..store import hfpull, registry  # noqa: PLC0415
+        from ..store.names import parse_name  # noqa: PLC0415
+
+        with store_errors(name):
+            mn = parse_name(name)
+            return hfpull.pull_hf(self.store, mn) if hfpull.is_hf_name(mn) else registry.pull(self.store, name,
+                                                                                               insecure)
+
+    def push_iter(self, name: str, insecure: bool) -> Iterator[dict[str, Any]]:
+        """Validates the name and that the model exists (400/404); the iterator uploads it."""
+        from ..store import registry  # noqa: PLC0415
+
+        with store_errors(name):
+            return registry.push(self.store, name, insecure)
+
     def copy(self, src: str, dst: str) -> None:
         with store_errors(src):
             self.store.copy(src, dst)

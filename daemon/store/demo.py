@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEMO_MARKER = ".evenflow-demo-created"  # once created (even if deleted later), a restart never recreates it
+# Random weights never emit EOS: without a cap a request would run until the context window is full.
+DEMO_NUM_PREDICT = 128
 
 
 def create_demo_model(store: "ModelStore", name: str = "demo", preset: str = "demo", gguf_dtype: str = "q8_0") -> str:
@@ -25,7 +27,9 @@ def create_demo_model(store: "ModelStore", name: str = "demo", preset: str = "de
         path = make_model(make_spec(preset), tmp, formats=("gguf",), gguf_dtype=gguf_dtype)["gguf"]
         digest = store.add_blob_file(path)
     info = read_gguf(store.blob_path(digest))
-    params = {"stop": [info.eos_token]} if info.eos_token else {}
+    params: dict = {"num_predict": DEMO_NUM_PREDICT}
+    if info.eos_token:
+        params["stop"] = [info.eos_token]
     for status in store.create(name, files={Path(path).name: digest}, template=info.chat_template,
                                parameters=params, license=SYNTHETIC_NOTE):
         log.debug("demo model: %s", status)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterable, Iterable, Iterator
 
+from .download import DownloadManager
 from .errors import BlobNotFound, InvalidModel, ModelNotFound, ReadOnlyModel
 from .hfdir import HF_DIR, materialize_dir
 from .layout import TMP_PREFIX, StoreLayout, atomic_write_bytes, fsync_dir
@@ -43,6 +44,7 @@ class ModelStore:
         self.root = self.layout.root
         self.readonly = [StoreLayout(r) for r in readonly_roots if Path(r).expanduser() != self.root]
         self._lock = threading.RLock()  # create/copy/delete/GC are serialised within the daemon
+        self.downloads = DownloadManager(self.layout)  # pulls of one blob share one download
         self.layout.manifests.mkdir(parents=True, exist_ok=True)
         self.layout.blobs.mkdir(parents=True, exist_ok=True)
         removed = self.layout.clean_temp_files()
@@ -271,6 +273,12 @@ class ModelStore:
     def write_manifest(self, name: str | ModelName, manifest: Manifest) -> str:
         """Atomically write a manifest into our store; returns its digest (hex)."""
         data = manifest.to_bytes()
+        self.write_manifest_bytes(name, data)
+        return hashlib.sha256(data).hexdigest()
+
+    def write_manifest_bytes(self, name: str | ModelName, data: bytes) -> set[str]:
+        """Write manifest bytes verbatim (a pull keeps the registry's); returns the blobs pruned with the old one."""
+        manifest = Manifest.from_bytes(data)
         mn = self._target_name(name)
         path = self.layout.manifest_path(mn)
         with self._lock:  # delete's blob GC holds the same lock: no layer can vanish between check and write
@@ -279,9 +287,14 @@ class ModelStore:
                     raise BlobNotFound(digest)
             old = self._replaced(path)
             atomic_write_bytes(path, data)
-            if old is not None:  # layers only the replaced manifest used are pruned, as Ollama does
-                self._gc(old[0].digests(), old[1])
-        return hashlib.sha256(data).hexdigest()
+            if old is None:
+                return set()
+            # layers only the replaced manifest used are pruned, as Ollama does
+            return self._gc(old[0].digests() - manifest.digests(), old[1])
+
+    def manifest_bytes(self, name: str | ModelName) -> bytes:
+        """The raw manifest file of a model (ModelNotFound if absent)."""
+        return self._require(name).path.read_bytes()
 
     def copy(self, src: str, dst: str) -> None:
         """Copy a model (read-only sources included) to `dst` in our store: the same manifest bytes."""
@@ -328,18 +341,21 @@ class ModelStore:
                 return {"*"}, manifests  # be safe: collect nothing
         return digests, manifests
 
-    def _gc(self, candidates: set[str], manifest_digest: str) -> None:
+    def _gc(self, candidates: set[str], manifest_digest: str) -> set[str]:
         used, manifests = self._referenced()
         if "*" in used:
-            return
+            return set()
+        removed = set()
         for digest in candidates - used:
             p = self.layout.blob_path(digest)
             if p.is_file():
                 p.unlink()
+                removed.add(digest)
                 log.info("removed unused blob %s", digest)
         if manifest_digest not in manifests:
             shutil.rmtree(self.root / HF_DIR / manifest_digest, ignore_errors=True)
         fsync_dir(self.layout.blobs)
+        return removed
 
     def _prune_dirs(self, start: Path) -> None:
         cur = start

@@ -216,7 +216,23 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     lan_cli.add_parsers(sub)  # key, discover (issue 15)
     service.add_parser(sub)
+    for name in CLIENT_COMMANDS:  # every client verb can aim at another daemon, `auto` = one found on the LAN
+        if name in sub.choices:
+            sub.choices[name].add_argument("--host", default=None, help="daemon to talk to (host:port, URL or "
+                                           "`auto`; default $EVENFLOW_HOST / $OLLAMA_HOST / 127.0.0.1:11434)")
     return p
+
+
+CLIENT_COMMANDS = ("run", "list", "ps", "show", "rm", "cp", "stop", "pull", "push", "create")
+
+
+def _pin_host(args: argparse.Namespace) -> None:
+    """Resolve --host / EVENFLOW_HOST once (an `auto` browse is seconds) so every request goes to the same daemon."""
+    if args.command in ("serve", "start"):
+        return
+    host = getattr(args, "host", None) or connect.host_setting()
+    if getattr(args, "host", None) or host.lower() == "auto":
+        os.environ["EVENFLOW_HOST"] = connect.base_url(host)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help(sys.stderr)
         sys.exit(2)
     try:
+        _pin_host(args)
         args.func(args)
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)

@@ -69,9 +69,13 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
     if settings.advertise:
         ctx.advertiser = Advertiser(settings, VERSION, lambda: [m["name"] for m in store.list_models()])
 
+    refreshes: set[asyncio.Task] = set()
+
     def on_complete(label: str, status: int) -> None:
         if ctx.advertiser is not None and label in MODEL_CHANGING and status == 200 and ctx.loop is not None:
-            ctx.loop.create_task(_logged(ctx.advertiser.refresh(), "could not update the advertised models"))
+            task = ctx.loop.create_task(_logged(ctx.advertiser.refresh(), "could not update the advertised models"))
+            refreshes.add(task)  # the loop holds tasks weakly: keep each until it is done
+            task.add_done_callback(refreshes.discard)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

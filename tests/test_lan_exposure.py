@@ -138,7 +138,7 @@ def test_tls_serves_https_with_the_key(tmp_path: Path) -> None:
         assert r.status_code == 200 and r.text == "Ollama is running"
         assert httpx.get(url + "/api/version", verify=ctx).status_code == 401
         r = httpx.get(url + "/api/version", verify=ctx, headers={"Authorization": "Bearer tls-test-key-0123456789"})
-        assert r.json() == {"version": "0.13.0"}
+        assert r.json()["version"] == "0.13.0"
         with pytest.raises(httpx.ConnectError):  # an unknown certificate is refused by a verifying client
             httpx.get(url + "/")
     finally:

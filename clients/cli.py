@@ -1,4 +1,4 @@
-"""The `evenflow` console script: `serve` (every setting a flag), and list/ps/show/rm/cp/stop over HTTP (run: repl.py;
+"""The `evenflow` console script: `serve` (every setting a flag), and list/ps/show/rm/cp/stop over HTTP (run: run.py, repl.py;
 pull/push/create: transfer.py)."""
 from __future__ import annotations
 
@@ -205,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("source")
     cp.add_argument("destination")
     cp.set_defaults(func=cmd_cp)
-    from . import repl, transfer  # noqa: PLC0415 - the interactive and transfer verbs live in their own modules
+    from . import run, transfer  # noqa: PLC0415 - run and the transfer verbs live in their own modules
 
-    repl.add_parser(sub)
+    run.add_parser(sub)
     transfer.add_parsers(sub)
     st = sub.add_parser("stop", help="unload a model")
     st.add_argument("model")

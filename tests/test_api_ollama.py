@@ -201,8 +201,8 @@ def test_unsupported_features_are_clear_400s(client: ollama.Client) -> None:
         client.chat("tiny", messages=[{"role": "user", "content": "x"}], tools=[tool])
     assert exc.value.status_code == 400 and "does not support tools" in exc.value.error
     with pytest.raises(ollama.ResponseError) as exc:
-        client.pull("tiny")
-    assert "offline" in exc.value.error
+        client.pull("127.0.0.1:9/library/tiny", insecure=True)  # loopback: nothing listens on port 9
+    assert "cannot reach the registry at 127.0.0.1:9" in exc.value.error
 
 
 def test_metrics_and_events(daemon: Daemon, client: ollama.Client) -> None:

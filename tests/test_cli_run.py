@@ -96,6 +96,14 @@ def test_repl_streams_sets_parameters_multiline_save_and_bye(daemon: Daemon, tmp
         assert info["parameters"].split()[:2] == ["num_predict", "5"]
         term.send("/show parameters", "Enter")
         term.wait(lambda s: "User defined parameters:" in s, "/show parameters")
+        term.send('/set system """Be brief.', "Enter")
+        term.send('Very brief."""', "Enter")
+        term.wait(lambda s: "Set system message." in s, "the system message")
+        term.send("/show system", "Enter")
+        term.wait(lambda s: "Be brief.\nVery brief.\n>>> " in s, "/show system")
+        term.send("Up", "Up")  # history: the line before /show system
+        term.wait(lambda s: s.rstrip().splitlines()[-1] == '>>> Very brief."""', "the history recall")
+        term.send("C-u")
         term.send("/nope", "Enter")
         term.wait(lambda s: "Unknown command '/nope'. Type /? for help" in s, "the unknown-command message")
         term.send("/bye", "Enter")
@@ -145,3 +153,10 @@ def test_one_shot_and_piped_runs(daemon: Daemon, tmp_path: Path) -> None:
                          text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 1 and "pulling manifest" in out.stderr, out.stderr
     assert "Error: pull model manifest: cannot reach the registry at 127.0.0.1:9" in out.stderr
+
+
+def test_timings_use_go_durations() -> None:
+    from evenflow.clients.run import go_duration
+
+    assert [go_duration(n) for n in (999, 15_491, 12_345_000, 1_500_000_000, 62_500_000_000, 3_600_000_000_000)] == \
+        ["999ns", "15.491µs", "12.345ms", "1.5s", "1m2.5s", "1h0m0s"]

@@ -45,11 +45,23 @@ def _interfaces(interfaces: list[str] | None) -> Any:
     return chosen or InterfaceChoice.All
 
 
-def _found(info: Any) -> Found | None:
+def _txt_strings(raw: bytes) -> dict[str, str]:
+    """DNS TXT wire format (length-prefixed key=value strings) -> dict."""
+    out, i = {}, 0
+    while i < len(raw):
+        n = raw[i]
+        k, _, v = raw[i + 1:i + 1 + n].decode("utf-8", "replace").partition("=")
+        out.setdefault(k, v)
+        i += 1 + n
+    return out
+
+
+def _found(info: Any, txt: bytes | None = None) -> Found | None:
     addrs = info.parsed_addresses()
     if not addrs or not info.port:
         return None
-    props = {k.decode("utf-8", "replace"): (v or b"").decode("utf-8", "replace") for k, v in info.properties.items()}
+    props = _txt_strings(txt) if txt else {
+        k.decode("utf-8", "replace"): (v or b"").decode("utf-8", "replace") for k, v in info.properties.items()}
     v4 = [a for a in addrs if ":" not in a]
     models = [m for m in props.get("models", "").split(",") if m]
     total = int(props["models_total"]) if props.get("models_total", "").isdigit() else len(models)
@@ -101,10 +113,18 @@ class LanBrowser:
             # copy is a known answer until it expires), while the cache already holds the new record.
             info = ServiceInfo(SERVICE_TYPE, name)
             ok = info.load_from_cache(self._zc) or info.request(self._zc, resolve_timeout_ms)
-            found = _found(info) if ok else None
+            found = _found(info, self._newest_txt(name)) if ok else None
             if found is not None:
                 out.append(found)
         return out
+
+    def _newest_txt(self, name: str) -> bytes | None:
+        """The TXT most recently received: two updates within a second both stay cached (RFC 6762 §10.2)."""
+        from zeroconf import DNSText  # noqa: PLC0415
+        from zeroconf.const import _CLASS_IN, _TYPE_TXT  # noqa: PLC0415
+
+        texts = [r for r in self._zc.cache.get_all_by_details(name, _TYPE_TXT, _CLASS_IN) if isinstance(r, DNSText)]
+        return max(texts, key=lambda r: r.created).text if texts else None
 
     def wait_for(self, predicate: Callable[[list[Found]], bool], timeout: float) -> list[Found]:
         """Re-check `predicate` on every change (and every half second) until it holds; DiscoveryError at timeout."""

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
+from .connect import auth_headers
 from .bench_http import (ProgressFn, check_target, detect_model, make_prompt, normalize_protocol, stream_request,
                          wants_ignore_eos)
 from .bench_metrics import RequestRecord, stall_windows, summarize
@@ -119,7 +120,8 @@ def _check_bounds(n_requests: int, max_requests: int, duration: float) -> None:
 
 def _client(base: str, request_timeout: float, n_conn: int) -> httpx.AsyncClient:
     # trust_env=False: a proxy from the environment must never see loopback benchmark traffic.
-    return httpx.AsyncClient(base_url=base, trust_env=False,
+    # The daemon's API key (EVENFLOW_API_KEY or the key file) goes along: a server without auth ignores it.
+    return httpx.AsyncClient(base_url=base, trust_env=False, headers=auth_headers(),
                              timeout=httpx.Timeout(request_timeout, connect=10.0),
                              limits=httpx.Limits(max_connections=n_conn + 4, max_keepalive_connections=n_conn + 4))
 

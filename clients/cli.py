@@ -12,14 +12,13 @@ from typing import Any
 
 import httpx
 
-from ..daemon.config import SETTINGS, ConfigError, load_settings, parse_host
+from ..daemon.config import SETTINGS, ConfigError, load_settings
+from . import connect, lan_cli, service
+from .discover import DiscoveryError
 
 
 def _base_url() -> str:
-    raw = os.environ.get("EVENFLOW_HOST") or os.environ.get("OLLAMA_HOST") or ""
-    hp = parse_host(raw) if raw.strip() else parse_host("127.0.0.1:11434")
-    host = "127.0.0.1" if hp.host in ("0.0.0.0", "::") else hp.host
-    return f"{hp.scheme}://{'[' + host + ']' if ':' in host else host}:{hp.port}"
+    return connect.base_url()  # EVENFLOW_HOST / OLLAMA_HOST; `auto` finds a daemon on the LAN
 
 
 class CLIError(Exception):
@@ -27,7 +26,7 @@ class CLIError(Exception):
 
 
 def _client() -> httpx.Client:
-    return httpx.Client(base_url=_base_url(), timeout=httpx.Timeout(None, connect=5.0))
+    return httpx.Client(base_url=_base_url(), headers=connect.auth_headers(), timeout=httpx.Timeout(None, connect=5.0))
 
 
 def _check(r: httpx.Response) -> httpx.Response:
@@ -215,7 +214,25 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_stop)
     sub.add_parser("bench", help="load generator: stall / poisson / sweep against any server (see `evenflow bench -h`)",
                    add_help=False)
+    lan_cli.add_parsers(sub)  # key, discover (issue 15)
+    service.add_parser(sub)
+    for name in CLIENT_COMMANDS:  # every client verb can aim at another daemon, `auto` = one found on the LAN
+        if name in sub.choices:
+            sub.choices[name].add_argument("--host", default=None, help="daemon to talk to (host:port, URL or "
+                                           "`auto`; default $EVENFLOW_HOST / $OLLAMA_HOST / 127.0.0.1:11434)")
     return p
+
+
+CLIENT_COMMANDS = ("run", "list", "ps", "show", "rm", "cp", "stop", "pull", "push", "create")
+
+
+def _pin_host(args: argparse.Namespace) -> None:
+    """Resolve --host / EVENFLOW_HOST once (an `auto` browse is seconds) so every request goes to the same daemon."""
+    if args.command in ("serve", "start"):
+        return
+    host = getattr(args, "host", None) or connect.host_setting()
+    if getattr(args, "host", None) or host.lower() == "auto":
+        os.environ["EVENFLOW_HOST"] = connect.base_url(host)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -232,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help(sys.stderr)
         sys.exit(2)
     try:
+        _pin_host(args)
         args.func(args)
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
@@ -239,8 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     except CLIError as e:
         print(str(e), file=sys.stderr)
         sys.exit(1)
-    except httpx.ConnectError:
-        print(f"Error: could not connect to evenflow at {_base_url()}; is `evenflow serve` running?", file=sys.stderr)
+    except (DiscoveryError, ValueError) as e:  # EVENFLOW_HOST=auto found nothing; a bad key file or host
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except httpx.ConnectError as e:
+        print(f"Error: could not connect to evenflow at {e.request.url.copy_with(path='/')}; is `evenflow serve` "
+              "running?", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

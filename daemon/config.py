@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
+from .apikey import check_key, default_key_file, read_key_file
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 11434
@@ -177,6 +179,17 @@ def _path(text: str) -> Path:
     return Path(text.strip()).expanduser()
 
 
+def _api_key(text: str) -> str:
+    return check_key(text.strip(), "")
+
+
+def _ip_list(text: str) -> list[str]:
+    out = [a.strip() for a in text.split(",") if a.strip()]
+    for a in out:
+        ipaddress.ip_address(a)  # ValueError names the bad address
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The table of settings
 
@@ -240,6 +253,20 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "largest request body (blob uploads excepted); bigger ones get 413 (default 32)"),
     SettingSpec("noprune", _twin("OLLAMA_NOPRUNE"), _parse_bool, "1/0 or true/false",
                 "do not delete unreferenced blobs at start-up", is_flag=True),
+    SettingSpec("api_key", ("EVENFLOW_API_KEY",), _api_key, "16 or more printable ASCII characters, no spaces",
+                "require `Authorization: Bearer <key>` on every endpoint but GET / (default: the key file's key, "
+                "if there is one)"),
+    SettingSpec("api_key_file", ("EVENFLOW_API_KEY_FILE",), _path, "a file path",
+                "key file read when no key is given (default <config dir>/evenflow/api_key; `evenflow key new`)"),
+    SettingSpec("insecure_no_auth", ("EVENFLOW_INSECURE_NO_AUTH",), _parse_bool, "1/0 or true/false",
+                "allow binding off loopback without an API key (anyone who can reach the port can use it)",
+                is_flag=True),
+    SettingSpec("tls_cert", ("EVENFLOW_TLS_CERT",), _path, "a PEM file path", "serve HTTPS with this certificate"),
+    SettingSpec("tls_key", ("EVENFLOW_TLS_KEY",), _path, "a PEM file path", "private key of --tls-cert"),
+    SettingSpec("advertise", ("EVENFLOW_ADVERTISE",), _parse_bool, "1/0 or true/false",
+                "announce the daemon on the LAN with zeroconf (_ollama._tcp)", is_flag=True),
+    SettingSpec("advertise_interfaces", ("EVENFLOW_ADVERTISE_INTERFACES",), _ip_list,
+                "comma-separated IP addresses", "interfaces to advertise on (default: those the daemon listens on)"),
 )
 SPEC_BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -278,6 +305,14 @@ class Settings:
     no_demo: bool = False
     max_body_mb: int = 32
     noprune: bool = False
+    api_key: str | None = field(default=None, repr=False)
+    api_key_file: Path = field(default_factory=default_key_file)
+    insecure_no_auth: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    advertise: bool = False
+    advertise_interfaces: list[str] = field(default_factory=list)
+    api_key_source: str = ""  # where the key came from, for the start-up log (never the key itself)
 
     @property
     def loaded_model_limit(self) -> int:
@@ -305,11 +340,44 @@ def load_settings(env: Mapping[str, str] | None = None, overrides: Mapping[str, 
         if spec is None:
             raise ConfigError(f"unknown setting {name!r}; known: {', '.join(SPEC_BY_NAME)}")
         values[name] = _parse(spec, raw, "--" + name.replace("_", "-")) if isinstance(raw, str) else raw
-    return Settings(**values)
+    settings = Settings(**values)
+    _finish_security(settings, "api_key" in (overrides or {}) and (overrides or {})["api_key"] is not None)
+    return settings
+
+
+def _finish_security(s: Settings, key_from_flag: bool) -> None:
+    """Fill the key from the key file when none was given; check the TLS pair."""
+    if s.api_key is not None:
+        s.api_key_source = "--api-key" if key_from_flag else "EVENFLOW_API_KEY"
+    else:
+        try:
+            s.api_key = read_key_file(s.api_key_file)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot use the key file: {e}") from None
+        if s.api_key is not None:
+            s.api_key_source = f"key file {s.api_key_file}"
+    if (s.tls_cert is None) != (s.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key (EVENFLOW_TLS_CERT / EVENFLOW_TLS_KEY) go together: give both")
+    for what, path in (("--tls-cert", s.tls_cert), ("--tls-key", s.tls_key)):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{what}={str(path)!r} is invalid: a readable PEM file expected (no such file)")
+    if s.tls_cert is not None and s.host.scheme == "http":
+        s.host = HostPort("https", s.host.host, s.host.port)
+
+
+def exposure_error(s: Settings) -> str | None:
+    """Why the daemon must not start as configured: off loopback with no key and no explicit opt-out."""
+    if s.host.is_loopback or s.api_key or s.insecure_no_auth:
+        return None
+    return (f"refusing to listen on {s.host.host}:{s.host.port} without an API key: anyone who can reach that "
+            "address could use this machine. Create a key with `evenflow key new` (or set EVENFLOW_API_KEY / "
+            "--api-key), or bind to 127.0.0.1, or pass --insecure-no-auth (EVENFLOW_INSECURE_NO_AUTH=1) if you "
+            "really want an open server.")
 
 
 def _parse(spec: SettingSpec, raw: str, where: str) -> Any:
     try:
         return spec.parse(raw)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{where}={raw!r} is invalid: {spec.accepts} expected ({e})") from None
+        shown = "<hidden>" if spec.name == "api_key" else repr(raw)  # a secret stays out of logs and terminals
+        raise ConfigError(f"{where}={shown} is invalid: {spec.accepts} expected ({e})") from None

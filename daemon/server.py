@@ -7,7 +7,7 @@ import errno
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
@@ -17,7 +17,8 @@ from .api.events import EventHub
 from .api.guard import GuardMiddleware
 from .api.limits import LimitsMiddleware
 from .api.workers import WorkerPool
-from .config import Settings
+from .config import Settings, exposure_error
+from .discovery import MODEL_CHANGING, Advertiser
 from .metrics import Metrics
 from .models import ModelManager
 
@@ -42,6 +43,17 @@ class AppContext:
     started: float = field(default_factory=time.time)
     closing: bool = False
     loop: asyncio.AbstractEventLoop | None = None
+    warnings: list[str] = field(default_factory=list)  # shown at start and in /api/events' hello
+    advertiser: Advertiser | None = None
+
+
+def security_warnings(settings: Settings) -> list[str]:
+    """What a user exposing the daemon should hear loudly."""
+    if settings.host.is_loopback or settings.api_key:
+        return []
+    return [f"INSECURE: listening on {settings.host.host}:{settings.host.port} without an API key "
+            "(--insecure-no-auth): anyone who can reach this address can use the models, read /api/events and "
+            "create or delete models"]
 
 
 def create_app(settings: Settings, store: Any | None = None, manager: ModelManager | None = None) -> FastAPI:
@@ -54,9 +66,19 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
     manager = manager or ModelManager(settings, record_resolver(store))
     metrics = Metrics()
     hub = EventHub(settings.log_content, on_drop=metrics.events_dropped.inc)
-    ctx = AppContext(settings, store, manager, metrics, hub)
+    ctx = AppContext(settings, store, manager, metrics, hub, warnings=security_warnings(settings))
     manager.add_listener(metrics.observe_event)
     manager.add_listener(hub.publish)
+    if settings.advertise:
+        ctx.advertiser = Advertiser(settings, VERSION, lambda: [m["name"] for m in store.list_models()])
+
+    refreshes: set[asyncio.Task] = set()
+
+    def on_complete(label: str, status: int) -> None:
+        if ctx.advertiser is not None and label in MODEL_CHANGING and status == 200 and ctx.loop is not None:
+            task = ctx.loop.create_task(_logged(ctx.advertiser.refresh(), "could not update the advertised models"))
+            refreshes.add(task)  # the loop holds tasks weakly: keep each until it is done
+            task.add_done_callback(refreshes.discard)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,8 +94,14 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
                 await asyncio.to_thread(store.ensure_demo)
             except Exception:  # noqa: BLE001 - the daemon serves without the demo
                 log.warning("could not create the demo model", exc_info=True)
+        for w in ctx.warnings:
+            log.warning(w)
+        if ctx.advertiser is not None and not await _logged(ctx.advertiser.start(), "cannot advertise"):
+            ctx.advertiser = None
         yield
         ctx.closing = True
+        if ctx.advertiser is not None:
+            await _logged(ctx.advertiser.close(), "could not withdraw the zeroconf record")
         await manager.shutdown()
         ctx.workers.shutdown()
 
@@ -86,8 +114,18 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
     app.include_router(openai.router)
     app.include_router(events_api.router)
     app.add_middleware(GuardMiddleware, origins=settings.origins, loopback=settings.host.is_loopback,
-                       is_closing=lambda: ctx.closing, on_response=metrics.observe_response)
+                       is_closing=lambda: ctx.closing, on_response=metrics.observe_response,
+                       api_key=settings.api_key, on_complete=on_complete)
     return app
+
+
+async def _logged(coro: Any, what: str) -> Any:
+    """Await `coro`; zeroconf trouble (no multicast route, a closed socket) is logged, never fatal."""
+    try:
+        return await coro
+    except Exception as e:  # noqa: BLE001 - advertising is optional, serving goes on
+        log.warning("%s: %s", what, e, exc_info=log.isEnabledFor(logging.DEBUG))
+        return None
 
 
 def bind_socket(settings: Settings) -> socket.socket:
@@ -110,6 +148,8 @@ def bind_socket(settings: Settings) -> socket.socket:
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(2048)
     sock.setblocking(False)
+    if port == 0:  # an ephemeral port: the real one is what gets advertised and logged
+        settings.host = replace(settings.host, port=sock.getsockname()[1])
     return sock
 
 
@@ -145,9 +185,14 @@ def serve(settings: Settings, log_level: str = "info") -> None:
     """Run the daemon until SIGINT/SIGTERM; raises ServeError when it cannot start."""
     import uvicorn  # noqa: PLC0415
 
+    refusal = exposure_error(settings)
+    if refusal:
+        raise ServeError(refusal)
     sock = bind_socket(settings)
     app = create_app(settings)
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10, access_log=False)
-    log.info("evenflow listening on %s (backend %s, store %s)", settings.host.url, settings.backend, settings.models)
+    tls = {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)} if settings.tls_cert else {}
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10, access_log=False, **tls)
+    log.info("evenflow listening on %s (backend %s, store %s; %s)", settings.host.url, settings.backend,
+             settings.models, f"API key from {settings.api_key_source}" if settings.api_key else "no API key")
     _Server(app, config).server.run(sockets=[sock])
     log.info("evenflow stopped")

@@ -55,11 +55,11 @@ def start_daemon(tmp: Path, **overrides: Any) -> Daemon:
     return Daemon(f"http://127.0.0.1:{port}", app.state.ctx, server, thread)
 
 
-def upload_model(url: str, gguf: Path, name: str) -> None:
+def upload_model(url: str, gguf: Path, name: str, headers: dict[str, str] | None = None) -> None:
     """POST the GGUF as a blob and create `name` from it (the blob form of /api/create)."""
     data = gguf.read_bytes()
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    with httpx.Client(base_url=url, timeout=120) as c:
+    with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
         r = c.post(f"/api/blobs/{digest}", content=data)
         assert r.status_code in (200, 201), r.text
         r = c.post("/api/create", json={"model": name, "files": {gguf.name: digest}, "stream": False})

@@ -18,6 +18,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get("EVENFLOW_SYNTHETIC_CACHE"):
         _CREATED_CACHE = tempfile.mkdtemp(prefix="evenflow-synthetic-")
         os.environ["EVENFLOW_SYNTHETIC_CACHE"] = _CREATED_CACHE
+    # A developer's own API key file (`evenflow key new`) must not turn auth on in every test daemon.
+    if not os.environ.get("EVENFLOW_API_KEY_FILE"):
+        os.environ["EVENFLOW_API_KEY_FILE"] = os.path.join(tempfile.gettempdir(), f"evenflow-no-key-{os.getpid()}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -1,7 +1,8 @@
 """Pure-ASGI middleware (streaming-safe): CORS with Ollama's origin rules, the loopback Host-header guard against
-DNS rebinding, 503 while shutting down, and per-endpoint request counting for /metrics."""
+DNS rebinding, the API key, 503 while shutting down, and per-endpoint request counting for /metrics."""
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import json
 import re
@@ -76,16 +77,39 @@ def _local_host_ok(host: str) -> bool:
     return h.endswith((".localhost", ".local", ".internal"))
 
 
+def _auth_failure(path: str, authorization: str | None) -> bytes:
+    """The 401 body: Ollama's `{"error"}`, OpenAI's shape (code invalid_api_key) under /v1."""
+    msg = ("unauthorized: this server requires an API key (send `Authorization: Bearer <key>`)" if not authorization
+           else "unauthorized: invalid API key")
+    if path == "/v1" or path.startswith("/v1/"):
+        return json.dumps({"error": {"message": msg, "type": "invalid_request_error", "param": None,
+                                     "code": "invalid_api_key"}}).encode()
+    return json.dumps({"error": msg}).encode()
+
+
+def key_matches(authorization: str | None, key: bytes) -> bool:
+    """`Bearer <key>` (scheme case-insensitive), compared in constant time."""
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), key)
+
+
 class GuardMiddleware:
-    """CORS (gin-contrib/cors semantics), Host guard, shutdown 503 and request counting, in Ollama's order."""
+    """CORS (gin-contrib/cors semantics), Host guard, API key, shutdown 503 and request counting, in that order.
+
+    `on_complete(label, status)` runs once a response's last body chunk is sent (a create has then finished)."""
 
     def __init__(self, app: ASGIApp, *, origins: list[str], loopback: bool, is_closing: Callable[[], bool],
-                 on_response: Callable[[str, int], None] | None = None) -> None:
+                 on_response: Callable[[str, int], None] | None = None, api_key: str | None = None,
+                 on_complete: Callable[[str, int], None] | None = None) -> None:
         self.app = app
         self.policy = OriginPolicy(default_origins(origins))
         self.loopback = loopback
         self.is_closing = is_closing
         self.on_response = on_response
+        self.key = api_key.encode() if api_key else None
+        self.on_complete = on_complete
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -129,17 +153,29 @@ class GuardMiddleware:
         if method == "OPTIONS" and "access-control-request-method" not in headers:
             await reply(204, extra=cors_headers)  # Ollama answers a bare OPTIONS to an allowed host with 204
             return
+        # GET / stays open: it is how clients (and `evenflow service status`) see that a server is there.
+        if self.key is not None and not (path == "/" and method in ("GET", "HEAD")) \
+                and not key_matches(headers.get("authorization"), self.key):
+            await reply(401, _auth_failure(path, headers.get("authorization")),
+                        cors_headers + [(b"www-authenticate", b'Bearer realm="evenflow"')])
+            return
         if self.is_closing() and path not in ("/", "/api/version"):
             await reply(503, json.dumps({"error": "server is shutting down"}).encode(), cors_headers)
             return
 
+        status = 0
+
         async def send_wrapped(message: dict) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = int(message["status"])
                 if cors_headers:
                     message = dict(message)
                     message["headers"] = list(message.get("headers", [])) + cors_headers
                 if self.on_response:
-                    self.on_response(label, int(message["status"]))
+                    self.on_response(label, status)
             await send(message)
+            if self.on_complete and message["type"] == "http.response.body" and not message.get("more_body"):
+                self.on_complete(label, status)
 
         await self.app(scope, receive, send_wrapped)

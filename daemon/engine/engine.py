@@ -383,6 +383,9 @@ class Engine:
             "step_ms": dt * 1e3, "forward_ms": forward * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
             "kv_total": self.blocks.num_blocks, "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),
+            # [seq_id, tokens computed] per prompt chunk: lets a monitor draw each ingestion's progress
+            "prefilled": [[s.seq.seq_id, s.seq.num_computed] for s in plan.spans[plan.num_decodes:]],
+            "target_ms": self.policy.target * 1e3 if isinstance(self.policy, AdaptiveBudget) else None,
         })
 
     def _publish_request(self, seq: Sequence, event: str, **extra: Any) -> None:

@@ -76,6 +76,7 @@ class EvenflowApp(App):
             self.poll()
             if self.workload is not None:
                 self.run_workload()
+        self.call_after_refresh(self.tick)
         self.set_interval(RENDER_S, self.tick)
         if self._probe_lag:
             self._last_probe = time.perf_counter()

@@ -33,8 +33,8 @@ class DemoError(Exception):
     """The demo cannot run (nothing answers and no daemon can be started here); the message says why."""
 
 
-def document(paragraphs: int = 120) -> str:
-    """A long synthetic document (deterministic), a few thousand tokens."""
+def document(paragraphs: int = 56) -> str:
+    """A long synthetic document (deterministic): ~3.6k tokens for the demo model, whose context is 4096."""
     return "".join(_PARAGRAPH.format(n=i + 1) for i in range(paragraphs))
 
 

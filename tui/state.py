@@ -164,7 +164,9 @@ class MonitorState:
         info.running, info.waiting = int(ev.get("running", 0)), int(ev.get("waiting", 0))
         for seq_id, computed in ev.get("prefilled") or []:
             s = self.streams.get(f"{model}#{seq_id}")
-            if s is not None and s.state in ("queued", "ingesting"):
+            if s is None:  # queued before we connected: its prompt length comes with its next request event
+                s = self.streams[f"{model}#{seq_id}"] = Stream(model, int(seq_id), t_queued=0.0)
+            if s.state in ("queued", "ingesting", "lost"):
                 s.state, s.computed = "ingesting", int(computed)
 
     # ---- polls ----

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from .state import MonitorState, Step, Stream
+from .state import MonitorState, Step, Stream, percentile
 
 # (name, width); ENDPOINT is left out below WIDE columns, TEXT takes what is left (at least MIN_TEXT).
 STREAM_COLUMNS = (("ID", 3), ("MODEL", 10), ("ENDPOINT", 12), ("STATE", 11), ("PROMPT", 14), ("TTFT", 6),
@@ -26,7 +26,7 @@ def bar(fraction: float, width: int = _BAR) -> str:
 def fmt_ms(seconds: float | None, sep: int = 1) -> str:
     """'412 ms', '12.3 s' ('412ms' with sep=0)."""
     gap = " " * sep
-    return "-" if seconds is None else f"{seconds * 1e3:.0f}{gap}ms" if seconds < 10 else f"{seconds:.1f}{gap}s"
+    return "-" if seconds is None else f"{seconds * 1e3:.0f}{gap}ms" if seconds < 1 else f"{seconds:.1f}{gap}s"
 
 
 def fmt_size(n: int | None) -> str:
@@ -58,7 +58,7 @@ def fmt_until(expires_at: str | None, now: float) -> str:
 def stream_row(s: Stream, log_content: bool | None, columns: list[str], text_width: int) -> list[Text]:
     dim = "dim" if s.state in ("done", "lost") else ""
     state = {"done": f"done:{s.done_reason}", "lost": "lost"}.get(s.state, s.state)
-    prompt = f"{bar(s.progress)} {s.computed if s.state == 'ingesting' else 0}/{s.prompt_tokens}" \
+    prompt = f"{bar(s.progress)} {s.computed if s.state == 'ingesting' else 0}/{s.prompt_tokens or '?'}" \
         if s.state in ("queued", "ingesting") else f"{s.prompt_tokens}"
     tps = s.tok_per_s
     text = s.text.replace("\n", "⏎").replace("\r", "")[-text_width:] if log_content else "(counts only)"
@@ -81,6 +81,7 @@ class StreamsTable(DataTable):
         self.zebra_stripes = True
         self.columns_for: int | None = None
         self._rows: dict[str, list[str]] = {}
+        self._state: MonitorState | None = None
         self._layout(self.size.width)
 
     def _layout(self, width: int) -> None:
@@ -94,12 +95,15 @@ class StreamsTable(DataTable):
         self.names = [n for n, _ in names]
         self._rows.clear()
         self.columns_for = width
+        if self._state is not None:
+            self.show(self._state)
 
     def on_resize(self, event) -> None:
         if event.size.width != self.columns_for:
             self._layout(event.size.width)
 
     def show(self, state: MonitorState) -> None:
+        self._state = state
         live = sorted(state.streams.values(), key=lambda s: (s.t_queued, s.seq_id))
         keys = {s.key for s in live}
         for k in [k for k in self._rows if k not in keys]:
@@ -129,8 +133,15 @@ def _ms_label(ms: float) -> str:
 class Timeline(Static):
     """Per engine step, newest on the right: decode vs prompt-chunk tokens, and step time against the target."""
 
+    _state: MonitorState | None = None
+
+    def on_resize(self) -> None:
+        if self._state is not None:
+            self.show(self._state)
+
     def show(self, state: MonitorState) -> None:
-        w = max(self.size.width - 7, 10)
+        self._state = state
+        w = max(self.size.width - 8, 10)
         h = max(self.size.height, 8)
         steps = _columns(list(state.steps), w)
         tok_rows = max(2, (h - 2) * 5 // 9)
@@ -151,7 +162,7 @@ class Timeline(Static):
         top = max([s.decodes + s.prefill_tokens for s in steps] + [1])
         out = Text()
         for r in range(rows, 0, -1):
-            out.append(f"{top if r == rows else '':>5} ", style="dim")
+            out.append(f"{top if r == rows else '':>6} ", style="dim")
             for s in steps:
                 d = round(s.decodes / top * rows) if s.decodes else 0
                 d = max(d, 1 if s.decodes else 0)
@@ -169,20 +180,25 @@ class Timeline(Static):
     @staticmethod
     def _ms_chart(steps: list[Step], rows: int) -> Text:
         target = next((s.target_ms for s in reversed(steps) if s.target_ms), None)
-        top = max([s.step_ms for s in steps] + [(target or 0) * 1.25, 1.0])
-        target_row = round(target / top * rows) if target else None
+        # One stalled step must not flatten the rest: the scale tops out at 2x the target (or the 90th
+        # percentile when higher); taller steps are drawn full height, in red, and the label says "+".
+        p90 = percentile([s.step_ms for s in steps], 90) or 1.0
+        top = max(p90 * 1.25, (target or 0) * 2, 1.0)
+        clipped = any(s.step_ms > top for s in steps)
+        target_row = max(1, round(target / top * rows)) if target else None
         eighths = " ▁▂▃▄▅▆▇█"
         out = Text()
         for r in range(rows, 0, -1):
-            label = _ms_label(top) if r == rows else (_ms_label(target) if r == target_row and target else "")
-            out.append(f"{label:>5} ", style="dim")
+            label = _ms_label(top) + ("+" if clipped else "") if r == rows else (
+                _ms_label(target) if r == target_row and target else "")
+            out.append(f"{label:>6} ", style="dim")
             for s in steps:
                 level = s.step_ms / top * rows - (r - 1)
                 style = "red" if target and s.step_ms > target else "blue"
                 if level >= 1:
                     out.append("█", style=style)
-                elif level > 0:
-                    out.append(eighths[max(1, int(level * 8))], style=style)
+                elif int(level * 8) >= 1:
+                    out.append(eighths[int(level * 8)], style=style)
                 elif r == target_row:
                     out.append("┄", style="dim")
                 else:

@@ -104,7 +104,7 @@ class EvenflowApp(App):
             self.state.prune(now)
         screen = self.screen
         # Resources holds a keep-alive countdown: redraw at least once a second even when no event came.
-        if isinstance(screen, MonitorScreen) and (self.state.version != self._shown or int(now) != int(self._last_now)):
+        if isinstance(screen, MonitorScreen) and screen.ready and (self.state.version != self._shown or int(now) != int(self._last_now)):
             screen.show(self.state, now, self.status_text())
             self._shown = self.state.version
         self._last_now = now

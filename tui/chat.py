@@ -73,6 +73,7 @@ class ChatScreen(Screen):
         super().__init__()
         self.history: list[dict[str, str]] = []
         self.replying = False
+        self.options: dict[str, object] = {}  # Ollama options sent with every message (the model's defaults if empty)
 
     def compose(self) -> ComposeResult:
         yield Static("", id="chat-status")
@@ -135,7 +136,8 @@ class ChatScreen(Screen):
         got, pending, last = [], [], 0.0
         status.update(f"{model} is replying... (Esc stops)")
         try:
-            async for part in self.app.feed.stream("/api/chat", {"model": model, "messages": self.history}):
+            async for part in self.app.feed.stream("/api/chat", {"model": model, "messages": self.history,
+                                                                      "options": self.options}):
                 piece = (part.get("message") or {}).get("content", "")
                 got.append(piece)
                 pending.append(piece)

@@ -93,7 +93,8 @@ async def pick_model(app: "EvenflowApp") -> str:
     return "demo:latest" if "demo:latest" in names else names[0]
 
 
-async def workload(app: "EvenflowApp", rounds: int | None = None) -> None:
+async def workload(app: "EvenflowApp", rounds: int | None = None, paragraphs: int = 56,
+                   num_predict: int = 128) -> None:
     """A few chats streaming in a loop, and a long document arriving every DOC_EVERY_S while they run."""
     try:
         model = await pick_model(app)
@@ -106,7 +107,7 @@ async def workload(app: "EvenflowApp", rounds: int | None = None) -> None:
         while rounds is None or n < rounds:
             prompt = CHAT_PROMPTS[(i + n) % len(CHAT_PROMPTS)]
             try:
-                async for _ in app.feed.stream("/api/chat", {"model": model, "options": {"num_predict": 128},
+                async for _ in app.feed.stream("/api/chat", {"model": model, "options": {"num_predict": num_predict},
                                                              "messages": [{"role": "user", "content": prompt}]}):
                     pass
             except (DaemonError, httpx.HTTPError):
@@ -118,7 +119,7 @@ async def workload(app: "EvenflowApp", rounds: int | None = None) -> None:
         n = 0
         await asyncio.sleep(3.0)
         while rounds is None or n < rounds:
-            app.ingest(document(), model)
+            app.ingest(document(paragraphs), model)
             n += 1
             await asyncio.sleep(DOC_EVERY_S)
 

@@ -46,7 +46,10 @@ class MonitorScreen(Screen):
             yield Resources(id="resources")
         yield Footer()
 
+    ready = False  # set once composed: the app's render tick may come first
+
     def on_mount(self) -> None:
+        self.ready = True
         self.query_one("#streams").border_title = "streams"
         self.query_one("#timeline").border_title = "scheduler: tokens per step / step time"
         self.query_one("#resources").border_title = "resources"

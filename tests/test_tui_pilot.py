@@ -37,11 +37,11 @@ def daemon(tmp_path_factory, gguf) -> Iterator[Daemon]:
     d.stop()
 
 
-async def until(pilot, cond: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+async def until(pilot, cond: Callable[[], bool], what: "str | Callable[[], str]", timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what if isinstance(what, str) else what()}")
         await pilot.pause(0.05)
 
 
@@ -160,10 +160,20 @@ def test_daemon_restart_is_survived(tmp_path: Path, gguf: Path) -> None:
 def test_demo_workload_runs_chats_and_a_document(daemon: Daemon) -> None:
     async def go() -> None:
         app = EvenflowApp(daemon.url, workload=functools.partial(workload, rounds=1, paragraphs=25, num_predict=16))
+        finished: list[tuple[str, int]] = []  # (endpoint, prompt tokens); finished rows fade from the screen
+        apply = app.state.apply
+
+        def record(ev: dict) -> None:
+            apply(ev)
+            if ev.get("event") == "finished":
+                finished.append(((ev.get("user") or {}).get("endpoint", ""), ev.get("prompt_tokens", 0)))
+
+        app.state.apply = record  # type: ignore[method-assign]
         async with app.run_test(size=(100, 30)) as pilot:
-            done = lambda: [s for s in app.state.streams.values() if s.state == "done"]  # noqa: E731
-            await until(pilot, lambda: sum(s.endpoint == "/api/chat" for s in done()) >= 3
-                        and any(s.prompt_tokens > 1000 for s in done()), "the demo's chats and document")
-            assert app.ingests and app.ingests[0]["state"] == "done" and app.ingests[0]["tokens"] > 1000
+            await until(pilot, lambda: sum(e == "/api/chat" for e, _ in finished) >= 3
+                        and any(n > 1000 for _, n in finished),
+                        lambda: f"the demo's chats and document; finished {finished}, ingests {app.ingests}")
+            await until(pilot, lambda: bool(app.ingests) and app.ingests[0]["state"] == "done", "the ingest")
+            assert app.ingests[0]["tokens"] > 1000
 
     asyncio.run(go())

@@ -7,7 +7,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 from textual import work
-from textual.app import App
+from textual.app import App, ScreenStackError
 
 from .chat import ChatScreen, IngestScreen
 from .feed import DaemonError, Feed
@@ -102,7 +102,10 @@ class EvenflowApp(App):
         now = self.clock()
         if self.replay is None:
             self.state.prune(now)
-        screen = self.screen
+        try:
+            screen = self.screen
+        except ScreenStackError:  # the app is closing
+            return
         # Resources holds a keep-alive countdown: redraw at least once a second even when no event came.
         if isinstance(screen, MonitorScreen) and screen.ready and (self.state.version != self._shown or int(now) != int(self._last_now)):
             screen.show(self.state, now, self.status_text())

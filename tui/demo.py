@@ -53,13 +53,13 @@ def _is_local(url: str) -> bool:
         return False
 
 
-def start_daemon(url: str) -> tuple[subprocess.Popen, Path]:
+def start_daemon(url: str, log_content: bool = True) -> tuple[subprocess.Popen, Path]:
     """`evenflow serve` at `url` with content logging on (the demo shows the text); waits until it answers."""
     if not _is_local(url):
         raise DemoError(f"nothing answers at {url}, and the demo only starts a daemon on a loopback address")
     parts = urlsplit(url)
     log_path = Path(tempfile.mkstemp(prefix="evenflow-demo-", suffix=".log")[1])
-    env = {**os.environ, "EVENFLOW_LOG_CONTENT": "1"}
+    env = {**os.environ, "EVENFLOW_LOG_CONTENT": "1" if log_content else "0"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve", "--host",
                                  f"{parts.hostname}:{parts.port}"], stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -175,6 +175,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_tui(args: argparse.Namespace) -> None:
+    from .. import tui  # noqa: PLC0415 - textual loads only for the TUI
+
+    (tui.run_monitor if args.command == "monitor" else tui.run_demo)(args.host)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="evenflow", description="Local LLM inference daemon (Ollama-compatible)")
     p.add_argument("-v", "--version", action="store_true", help="show the client and server versions")
@@ -212,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stop", help="unload a model")
     st.add_argument("model")
     st.set_defaults(func=cmd_stop)
+    for name, what in (("monitor", "watch a daemon live, and chat (Textual TUI)"),
+                       ("demo", "start a daemon unless one runs, run a scripted workload, open the monitor")):
+        t = sub.add_parser(name, help=what)
+        t.add_argument("--host", default=None, help="daemon address (default: EVENFLOW_HOST / OLLAMA_HOST)")
+        t.set_defaults(func=cmd_tui)
     sub.add_parser("bench", help="load generator: stall / poisson / sweep against any server (see `evenflow bench -h`)",
                    add_help=False)
     lan_cli.add_parsers(sub)  # key, discover (issue 15)

@@ -1,1 +1,24 @@
+"""The Textual monitor and chat (`evenflow monitor`, `python -m evenflow.tui`) and `evenflow demo`."""
+from __future__ import annotations
 
+
+def run_monitor(host: str | None = None) -> None:
+    """Open the monitor on the daemon at `host` (else EVENFLOW_HOST / OLLAMA_HOST / 127.0.0.1:11434)."""
+    from .app import EvenflowApp  # noqa: PLC0415 - textual loads only when the TUI runs
+    from .feed import base_url  # noqa: PLC0415
+
+    EvenflowApp(base_url(host)).run()
+
+
+def run_demo(host: str | None = None) -> None:
+    """`evenflow demo`: the daemon at `host` (started here if none answers), a scripted workload, the monitor."""
+    import sys  # noqa: PLC0415
+
+    from .demo import DemoError, run_demo as demo  # noqa: PLC0415
+    from .feed import base_url  # noqa: PLC0415
+
+    try:
+        demo(base_url(host))
+    except DemoError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -97,7 +97,8 @@ async def events(request: Request) -> StreamingResponse:
     hello = {"type": "hello", "time": time.time(), "log_content": hub.log_content,
              "auth": ctx.settings.api_key is not None, "warnings": list(ctx.warnings),
              "models": [{"model": m.name, "backend": m.backend, "context_length": m.context_length,
-                         "kv_total": m.engine.stats().kv_blocks_total} for m in ctx.manager.loaded()]}
+                         "kv_total": m.engine.stats().kv_blocks_total, "slots": m.engine.scheduler.slots.size}
+                        for m in ctx.manager.loaded()]}
 
     async def lines() -> AsyncIterator[bytes]:
         try:

@@ -431,6 +431,9 @@ class Engine:
             "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),
             "cached_tokens": plan.cache_hit_tokens, "admitted_tokens": plan.cache_query_tokens,
             "kv_cached": self.blocks.num_cached,
+            # [seq_id, tokens computed] per prompt chunk: lets a monitor draw each ingestion's progress
+            "prefilled": [[s.seq.seq_id, s.seq.num_computed] for s in plan.spans[plan.num_decodes:]],
+            "target_ms": self.policy.target * 1e3 if isinstance(self.policy, AdaptiveBudget) else None,
         })
 
     def _publish_request(self, seq: Sequence, event: str, **extra: Any) -> None:

@@ -1,0 +1,222 @@
+"""What the monitor knows, built from `/api/events` lines (and `/api/ps`, `/metrics` polls); no Textual here."""
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+FADE_S = 8.0  # a finished stream stays on screen (dimmed) this long
+WINDOW_S = 60.0  # latency percentiles cover the last minute
+TEXT_TAIL = 400  # characters of each stream's text kept for display
+MAX_STEPS = 1000
+
+
+@dataclass
+class Stream:
+    model: str
+    seq_id: int
+    endpoint: str = ""
+    prompt_tokens: int = 0
+    computed: int = 0  # prompt tokens whose KV exists (from the step events' `prefilled`)
+    output_tokens: int = 0
+    state: str = "queued"  # queued / ingesting / decoding / done / lost
+    done_reason: str | None = None
+    t_queued: float = 0.0
+    t_first: float | None = None
+    t_last: float | None = None
+    t_done: float | None = None
+    text: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}#{self.seq_id}"
+
+    @property
+    def progress(self) -> float:
+        if self.state in ("decoding", "done") and self.t_first is not None:
+            return 1.0
+        return min(self.computed / self.prompt_tokens, 1.0) if self.prompt_tokens else 0.0
+
+    @property
+    def ttft(self) -> float | None:
+        return self.t_first - self.t_queued if self.t_first is not None and self.t_queued else None
+
+    @property
+    def tok_per_s(self) -> float | None:
+        if self.t_first is None or self.t_last is None or self.output_tokens < 2 or self.t_last <= self.t_first:
+            return None
+        return (self.output_tokens - 1) / (self.t_last - self.t_first)
+
+
+@dataclass
+class Step:
+    time: float
+    model: str
+    decodes: int
+    prefill_tokens: int
+    step_ms: float
+    target_ms: float | None
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    backend: str = ""
+    context_length: int = 0
+    kv_total: int = 0
+    kv_used: int = 0
+    running: int = 0
+    waiting: int = 0
+    slots: int | None = None
+    size: int | None = None
+    expires_at: str | None = None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no data."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))]
+
+
+@dataclass
+class MonitorState:
+    streams: dict[str, Stream] = field(default_factory=dict)
+    steps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MAX_STEPS))
+    models: dict[str, ModelInfo] = field(default_factory=dict)
+    itl: collections.deque = field(default_factory=collections.deque)  # (time, seconds)
+    ttfts: collections.deque = field(default_factory=collections.deque)  # (time, seconds)
+    log_content: bool | None = None
+    dropped_total: int = 0
+    events: int = 0
+    version: int = 0  # bumped on every change; widgets re-render only when it moved
+    metrics: dict[str, float] = field(default_factory=dict)
+    have_ps: bool = False
+
+    # ---- feed ----
+    def apply(self, ev: dict[str, Any]) -> None:
+        self.events += 1
+        self.version += 1
+        kind = ev.get("type")
+        if kind == "request":
+            self._request(ev)
+        elif kind == "step":
+            self._step(ev)
+        elif kind == "hello":
+            self.log_content = bool(ev.get("log_content"))
+            for m in ev.get("models", []):
+                info = self._model(m["model"])
+                info.backend, info.context_length = m.get("backend", ""), m.get("context_length", 0)
+                info.kv_total, info.slots = m.get("kv_total", 0), m.get("slots")
+        elif kind == "model":
+            if ev.get("event") == "loaded":
+                info = self._model(ev["model"])
+                info.backend, info.context_length = ev.get("backend", ""), ev.get("context_length", 0)
+                info.slots, info.size = ev.get("slots"), ev.get("size")
+            elif ev.get("event") == "unloaded":
+                self.models.pop(ev.get("model", ""), None)
+        elif kind == "dropped":
+            self.dropped_total = int(ev.get("total", self.dropped_total + ev.get("count", 0)))
+
+    def _model(self, name: str) -> ModelInfo:
+        if name not in self.models:
+            self.models[name] = ModelInfo(name)
+        return self.models[name]
+
+    def _request(self, ev: dict[str, Any]) -> None:
+        model, seq_id, t = ev.get("model", "?"), int(ev.get("seq_id", -1)), float(ev.get("time", 0.0))
+        key = f"{model}#{seq_id}"
+        s = self.streams.get(key)
+        if s is None:
+            user = ev.get("user") or {}
+            s = self.streams[key] = Stream(model, seq_id, endpoint=str(user.get("endpoint", "")), t_queued=t)
+        s.prompt_tokens = int(ev.get("prompt_tokens", s.prompt_tokens))
+        s.output_tokens = int(ev.get("output_tokens", s.output_tokens))
+        if ev.get("text"):
+            s.text = (s.text + ev["text"])[-TEXT_TAIL:]
+        what = ev.get("event")
+        if what == "queued":
+            s.state, s.t_queued = "queued", t
+        elif what == "scheduled":
+            s.state = "ingesting"
+        elif what == "first_token":
+            s.state, s.t_first, s.t_last = "decoding", t, None  # its `token` event follows: no gap yet
+            s.computed = s.prompt_tokens
+            if s.ttft is not None:
+                self.ttfts.append((t, s.ttft))
+        elif what == "token":
+            s.state = "decoding"
+            if s.t_last is not None and t >= s.t_last:
+                self.itl.append((t, t - s.t_last))
+            s.t_last = t
+            s.output_tokens = max(s.output_tokens, 1)
+        elif what == "finished":
+            s.state, s.done_reason, s.t_done = "done", ev.get("done_reason"), t
+
+    def _step(self, ev: dict[str, Any]) -> None:
+        model = ev.get("model", "?")
+        self.steps.append(Step(float(ev.get("time", 0.0)), model, int(ev.get("decodes", 0)),
+                               int(ev.get("prefill_tokens", 0)), float(ev.get("step_ms", 0.0)), ev.get("target_ms")))
+        info = self._model(model)
+        info.kv_used, info.kv_total = int(ev.get("kv_used", 0)), int(ev.get("kv_total", info.kv_total))
+        info.running, info.waiting = int(ev.get("running", 0)), int(ev.get("waiting", 0))
+        for seq_id, computed in ev.get("prefilled") or []:
+            s = self.streams.get(f"{model}#{seq_id}")
+            if s is None:  # queued before we connected: its prompt length comes with its next request event
+                s = self.streams[f"{model}#{seq_id}"] = Stream(model, int(seq_id), t_queued=0.0)
+            if s.state in ("queued", "ingesting", "lost"):
+                s.state, s.computed = "ingesting", int(computed)
+
+    # ---- polls ----
+    def apply_ps(self, models: list[dict[str, Any]]) -> None:
+        self.have_ps = True
+        self.version += 1
+        seen = set()
+        for m in models:
+            name = m.get("name") or m.get("model", "?")
+            seen.add(name)
+            info = self._model(name)
+            info.size = m.get("size", info.size)
+            info.expires_at = m.get("expires_at")
+            info.context_length = m.get("context_length", info.context_length) or info.context_length
+        for name in [n for n in self.models if n not in seen]:
+            del self.models[name]  # unloaded while we were not watching (or we missed the event)
+
+    def apply_metrics(self, metrics: dict[str, float]) -> None:
+        self.metrics = metrics
+        self.version += 1
+
+    def disconnected(self, now: float) -> None:
+        """The feed broke: what was running can no longer be followed (a later event for it revives it)."""
+        for s in self.streams.values():
+            if s.state != "done":
+                s.state, s.t_done = "lost", now
+        self.version += 1
+
+    # ---- views ----
+    def prune(self, now: float) -> None:
+        """Drop faded streams and samples older than the window."""
+        gone = [k for k, s in self.streams.items() if s.t_done is not None and now - s.t_done > FADE_S]
+        for k in gone:
+            del self.streams[k]
+        for dq in (self.itl, self.ttfts):
+            while dq and now - dq[0][0] > WINDOW_S:
+                dq.popleft()
+        if gone:
+            self.version += 1
+
+    def latency(self) -> dict[str, float | None]:
+        """P50/P99 inter-token gap and TTFT (seconds) over the last minute."""
+        itl, ttft = [v for _, v in self.itl], [v for _, v in self.ttfts]
+        return {"itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
+                "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99)}
+
+    def totals(self) -> dict[str, int]:
+        """KV blocks, queue and running summed over loaded models (from the steps; /metrics when idle)."""
+        ms = self.models.values()
+        kv_used = sum(m.kv_used for m in ms)
+        kv_total = sum(m.kv_total for m in ms) or int(self.metrics.get("evenflow_kv_blocks_total", 0))
+        return {"kv_used": kv_used, "kv_total": kv_total, "running": sum(m.running for m in ms),
+                "waiting": sum(m.waiting for m in ms)}

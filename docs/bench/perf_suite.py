@@ -61,12 +61,11 @@ def import_model(store: Path, gguf: Path) -> None:
 
 
 @contextlib.contextmanager
-def evenflow_daemon(store: Path, threads: int, ctx: int, env: dict[str, str]) -> Iterator[str]:
+def serve_daemon(env: dict[str, str], log_name: str) -> Iterator[str]:
+    """`evenflow serve --no-demo` on a free loopback port with `env` over os.environ; yields its URL."""
     port = free_port()
-    full = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(store),
-            "EVENFLOW_BACKEND": "llamacpp", "EVENFLOW_NUM_THREADS": str(threads), "OLLAMA_CONTEXT_LENGTH": str(ctx),
-            "OLLAMA_KEEP_ALIVE": "-1", "EVENFLOW_MAX_SEQS": "9", **env}
-    log = open(HERE / "perf_suite_daemon.log", "ab")
+    full = {**os.environ, **env, "OLLAMA_HOST": f"127.0.0.1:{port}"}
+    log = open(HERE / log_name, "ab")
     proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve", "--no-demo"], env=full,
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -84,10 +83,17 @@ def evenflow_daemon(store: Path, threads: int, ctx: int, env: dict[str, str]) ->
     finally:
         proc.terminate()
         try:
-            proc.wait(20)
+            proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def evenflow_daemon(store: Path, threads: int, ctx: int, env: dict[str, str]):
+    """The perf suite's daemon: llama.cpp, its thread count and context, 9 slots, never unloading."""
+    return serve_daemon({"OLLAMA_MODELS": str(store), "EVENFLOW_BACKEND": "llamacpp",
+                         "EVENFLOW_NUM_THREADS": str(threads), "OLLAMA_CONTEXT_LENGTH": str(ctx),
+                         "OLLAMA_KEEP_ALIVE": "-1", "EVENFLOW_MAX_SEQS": "9", **env}, "perf_suite_daemon.log")
 
 
 class StepRecorder:

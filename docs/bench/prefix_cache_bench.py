@@ -16,7 +16,6 @@ The model is the synthetic `bench` preset (Llama, 16x1024, 32k vocab) as Q8_0, i
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -26,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -35,7 +34,7 @@ from evenflow.backends.synthetic import cached_model, make_spec
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from llama_server import llama_server  # noqa: E402
-from perf_suite import free_port, import_model  # noqa: E402
+from perf_suite import import_model, serve_daemon  # noqa: E402
 
 MODEL = "bench"
 WORDS = ("river stone window garden letter market silver morning engine paper orange forest music summer winter "
@@ -97,34 +96,9 @@ def cache_metrics(url: str) -> dict[str, float]:
     return out
 
 
-@contextlib.contextmanager
-def evenflow_daemon(store: Path, ctx: int) -> Iterator[str]:
+def evenflow_daemon(store: Path, ctx: int):
     """`evenflow serve` with default settings but the store, a free loopback port and the context length."""
-    port = free_port()
-    env = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(store),
-           "OLLAMA_CONTEXT_LENGTH": str(ctx)}
-    log = open(HERE / "prefix_cache_daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve", "--no-demo"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError(f"evenflow exited with {proc.returncode}; see {log.name}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    return serve_daemon({"OLLAMA_MODELS": str(store), "OLLAMA_CONTEXT_LENGTH": str(ctx)}, "prefix_cache_daemon.log")
 
 
 def cpu_model() -> str:

@@ -107,3 +107,11 @@ def test_invalid_params_name_the_option():
         SamplingParams(stop=[1, 2])
     p = SamplingParams.from_options({"temperature": 0, "stop": "###", "num_ctx": 4096, "mirostat": 1}, {"top_k": 10})
     assert p.temperature == 0.0 and p.stop == ["###"] and p.top_k == 10
+
+
+@pytest.mark.parametrize("temperature", [1e-320, 1e-30, 1e-7])
+def test_a_vanishing_temperature_is_greedy_not_nan(temperature):
+    # found by the API fuzzer: 1e-320 passed validation and made the softmax divide by zero
+    logits = logits_for(3)
+    p = SamplingParams(temperature=temperature, seed=1)
+    assert set(draw(logits, p, n=20)) == {int(np.argmax(logits))}

@@ -9,6 +9,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # Ollama's api.DefaultOptions() for the sampling keys (repeat_penalty is 1.0 since v0.32.10).
+MIN_SAMPLING_TEMPERATURE = 1e-6
 _FLOAT_KEYS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
 _INT_KEYS = ("top_k", "repeat_last_n", "seed", "num_predict")
 # Accepted and ignored, as Ollama does (runner options and removed knobs).
@@ -78,7 +79,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this the softmax is argmax anyway, and dividing float32 logits by a denormal gives inf/NaN.
+        return self.temperature < MIN_SAMPLING_TEMPERATURE
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> "SamplingParams":

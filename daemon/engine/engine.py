@@ -21,6 +21,7 @@ from .budget import AdaptiveBudget, BudgetPolicy, FixedBudget, StepCost
 from .detokenizer import IncrementalDetokenizer
 from .grammar import Constraint, GrammarCompiler, mask_rows
 from .kv import BlockManager, blocks_for
+from .logprobs import MAX_TOP_LOGPROBS, TokenLogprob, log_softmax, token_logprob
 from .params import SamplingParams
 from .sampling import RequestRng, penalty_window, sample_batch
 from .scheduler import Scheduler, SchedulerConfig, StepPlan
@@ -83,12 +84,13 @@ class EngineStats:
 class _SeqState:
     """Per-sequence engine-side state that the scheduler does not need."""
 
-    __slots__ = ("detok", "rng", "constraint")
+    __slots__ = ("detok", "rng", "constraint", "logprobs")
 
-    def __init__(self, seq: Sequence, constraint: Constraint | None) -> None:
+    def __init__(self, seq: Sequence, constraint: Constraint | None, logprobs: int | None = None) -> None:
         self.detok = IncrementalDetokenizer(seq.params.stop)
         self.rng = RequestRng(seq.params.seed)
         self.constraint = constraint  # format / response_format: a grammar over the output
+        self.logprobs = logprobs  # None: not asked; k >= 0: each token's logprob and its top k alternatives
 
 
 def penalty_history(seq: Sequence) -> list[int]:
@@ -143,6 +145,7 @@ class Engine:
         self.eos_ids = set(runner.tokenizer.eos_ids)
         self.grammars = GrammarCompiler(runner.tokenizer, runner.info.vocab_size)
         self._states: dict[int, _SeqState] = {}
+        self._held: dict[int, list[Sequence]] = {}  # n > 1: first sequence's id -> the others, not yet queued
         self._seqs: dict[int, Sequence] = {}
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._cv = threading.Condition()
@@ -160,12 +163,26 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, *, user: dict | None = None,
                loop: asyncio.AbstractEventLoop | None | str = "auto",
-               constraint: Constraint | None = None) -> RequestStream:
-        """`constraint`: from `self.grammars.compile(...)`, owned by this sequence from now on."""
+               constraint: Constraint | None = None, logprobs: int | None = None) -> RequestStream:
+        """`constraint`: from `self.grammars.compile(...)`, owned by this sequence from now on. `logprobs`:
+        None, or report each token's log-probability with that many top alternatives (0..20)."""
+        return self.submit_group(prompt_ids, [params], user=user, loop=loop, constraint=constraint,
+                                 logprobs=logprobs)[0]
+
+    def submit_group(self, prompt_ids: list[int], params: list[SamplingParams], *, user: dict | None = None,
+                     loop: asyncio.AbstractEventLoop | None | str = "auto", constraint: Constraint | None = None,
+                     logprobs: int | None = None) -> list[RequestStream]:
+        """One sequence per `params` over the same prompt (n > 1). With prefix caching the first computes the
+        prompt and the others are admitted once it has, sharing its KV blocks; each gets its own fork of
+        `constraint`."""
         if self._stopping:
             raise EngineStopped("the engine is shutting down")
         if not prompt_ids:
             raise ValueError("the prompt is empty")
+        if not params:
+            raise ValueError("a group needs at least one sequence")
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}")
         n = len(prompt_ids)
         if n >= self.context_length:
             raise PromptTooLong(f"the prompt is {n} tokens but the context window is {self.context_length} "
@@ -176,17 +193,21 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < self.runner.info.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.runner.info.vocab_size})")
-        if len(self._seqs) >= self.config.max_queue + self.scheduler.config.max_num_seqs:
+        if len(self._seqs) + len(params) > self.config.max_queue + self.scheduler.config.max_num_seqs:
             raise QueueFull("server busy, please try again.  maximum pending requests exceeded")
         if loop == "auto":
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = None
-        seq = Sequence(prompt_ids, params, self.context_length, user=user)
-        seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
-        self._post("add", (seq, constraint))
-        return seq.stream
+        group = []
+        for i, p in enumerate(params):
+            seq = Sequence(prompt_ids, p, self.context_length, user=user)
+            seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
+            c = constraint if i == 0 or constraint is None else constraint.fork()
+            group.append((seq, c))
+        self._post("add", (group, logprobs))
+        return [seq.stream for seq, _ in group]  # type: ignore[misc]
 
     def abort(self, seq_id: int) -> None:
         self._post("abort", seq_id)
@@ -281,11 +302,16 @@ class Engine:
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":
-            seq, constraint = payload
-            self._seqs[seq.seq_id] = seq
-            self._states[seq.seq_id] = _SeqState(seq, constraint)
-            self.scheduler.add(seq)
-            self._publish_request(seq, "queued")
+            group, logprobs = payload
+            for i, (seq, constraint) in enumerate(group):
+                self._seqs[seq.seq_id] = seq
+                self._states[seq.seq_id] = _SeqState(seq, constraint, logprobs)
+                if i == 0 or not self.blocks.prefix_caching:
+                    self.scheduler.add(seq)
+                self._publish_request(seq, "queued")
+            if len(group) > 1 and self.blocks.prefix_caching:
+                # the rest wait until the first has computed the prompt, then reuse its cached blocks
+                self._held[group[0][0].seq_id] = [seq for seq, _ in group[1:]]
         elif kind == "abort":
             seq = self._seqs.get(payload)
             if seq is not None:
@@ -330,10 +356,15 @@ class Engine:
         for span in plan.spans:
             span.seq.num_computed += span.num_tokens
             self.blocks.commit(span.seq)
+            if self._held and span.seq.num_computed >= len(span.seq.prompt_ids):
+                self._release_held(span.seq)
         sampled = [s for s in plan.spans if s.need_logits]
         if sampled:
             seqs = [s.seq for s in sampled]
             logits = np.array(logits, dtype=np.float32, copy=True)
+            # the model's own distribution, before penalties, masks and temperature change the logits
+            want = [i for i, q in enumerate(seqs) if self._states[q.seq_id].logprobs is not None]
+            logp = log_softmax(logits[want]) if want else None
             constrained = [(i, c) for i, q in enumerate(seqs)
                            if (c := self._states[q.seq_id].constraint) is not None and c.active]
             mask_rows(self.grammars.executor if constrained else None, logits, constrained)
@@ -341,15 +372,24 @@ class Engine:
                 logits, [q.params for q in seqs],
                 [self._states[q.seq_id].rng for q in seqs],
                 [penalty_history(q) for q in seqs])
-            for seq, tok in zip(seqs, toks.tolist()):
-                self._commit(seq, int(tok))
+            lps: list[TokenLogprob | None] = [None] * len(seqs)
+            for j, i in enumerate(want):
+                lps[i] = token_logprob(logp[j], int(toks[i]), self._states[seqs[i].seq_id].logprobs)  # type: ignore
+            for seq, tok, lp in zip(seqs, toks.tolist(), lps):
+                self._commit(seq, int(tok), lp)
         # The policy sees the whole iteration (scheduling, forward, sampling, streaming out): that is the gap a
         # decoding stream observes between its tokens.
         total = time.perf_counter() - t_start
         self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, total))
         self._publish_step(plan, total, dt)
 
-    def _commit(self, seq: Sequence, tok: int) -> None:
+    def _release_held(self, seq: Sequence) -> None:
+        """n > 1: the first sequence's prompt is computed (or it ended): queue the others of its group."""
+        for other in self._held.pop(seq.seq_id, []):
+            if not other.is_finished:
+                self.scheduler.add(other)
+
+    def _commit(self, seq: Sequence, tok: int, lp: TokenLogprob | None = None) -> None:
         now = time.perf_counter_ns()
         m = seq.metrics
         if seq.t_first_token is None:
@@ -374,12 +414,13 @@ class Engine:
         text = st.detok.add(self.runner.tokenizer.token_bytes(tok))
         if c is not None and not was_active:
             c.observe_text(text)
+        lps = None if lp is None else [lp]
         if st.detok.stopped or (was_active and c.finished):  # type: ignore[union-attr]
-            if text:
-                self._send(seq, Delta(text, [tok]))
+            if text or lps:
+                self._send(seq, Delta(text, [tok], logprobs=lps))
             self._finish(seq, "stop")
             return
-        self._send(seq, Delta(text, [tok]))
+        self._send(seq, Delta(text, [tok], logprobs=lps))
         if self._subscribers:
             self._publish_request(seq, "token", text=text)
         p = seq.params
@@ -395,6 +436,8 @@ class Engine:
         if seq.is_finished:
             return
         self.scheduler.finish(seq)
+        if self._held:
+            self._release_held(seq)
         st = self._states.pop(seq.seq_id, None)
         self._seqs.pop(seq.seq_id, None)
         tail = st.detok.flush() if st is not None and reason in ("length", "stop") else ""

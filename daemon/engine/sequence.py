@@ -55,6 +55,7 @@ class Delta:
     done_reason: str | None = None  # "stop" (EOS/EOG or a stop string) | "length" | "abort" | "error"
     error: str | None = None
     metrics: RequestMetrics | None = None
+    logprobs: list[Any] | None = None  # logprobs.TokenLogprob per token_ids entry, when the request asked
 
 
 _ids = itertools.count(1)

@@ -172,15 +172,6 @@ def test_completions_stream_usage_is_null_until_the_last_chunk(oai: openai.OpenA
     assert len(chunks) > 1 and all(c.usage is None for c in chunks[:-1])
 
 
-@first_backend_only
-def test_logprobs_are_refused_not_dropped(oai: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as exc:
-        oai.chat.completions.create(model="tiny", messages=MSGS, logprobs=True, top_logprobs=2)
-    assert "logprobs are not supported yet" in exc.value.message
-    with pytest.raises(openai.BadRequestError):
-        oai.completions.create(model="tiny", prompt="x", logprobs=2)
-
-
 def test_thinking_detected_from_what_a_jinja_template_does_with_enable_thinking() -> None:
     from evenflow.daemon.templates import template_capabilities
 

@@ -3,6 +3,7 @@ abort on disconnect, Ollama's final metrics, and embedding pooling."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -101,6 +102,19 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     done_reason: str | None = None
     metrics: dict[str, int] = field(default_factory=dict)
+    logprobs: list[Any] = field(default_factory=list)  # engine TokenLogprob per token, when asked
+    offsets: list[int] = field(default_factory=list)  # character offset in `text` where each of those starts
+
+
+@dataclass
+class Piece:
+    """One streamed delta of choice `index`; `final` (Ollama metrics + done_reason) only on its last piece."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[Any] | None
+    final: dict[str, Any] | None
 
 
 async def _watch_disconnect(request: Request, on_gone) -> None:
@@ -129,8 +143,12 @@ async def engine_stream(request: Request, lease: Lease, prep: "Prepared", endpoi
     if request.app.state.ctx.settings.log_content:
         user["prompt"] = prep.text
     engine = model.engine
+    # n > 1: a seeded request gives choice i the seed + i, so the choices differ yet reproduce
+    params = [prep.params] + [dataclasses.replace(prep.params, seed=prep.params.seed + i if prep.params.seed >= 0
+                                                  else -1) for i in range(1, prep.n)]
     try:
-        stream = engine.submit(prep.prompt_ids, prep.params, user=user, constraint=prep.constraint)
+        streams = engine.submit_group(prep.prompt_ids, params, user=user, constraint=prep.constraint,
+                                      logprobs=prep.logprobs)
     except PromptTooLong as e:
         raise APIError(400, str(e)) from None
     except QueueFull:
@@ -139,46 +157,83 @@ async def engine_stream(request: Request, lease: Lease, prep: "Prepared", endpoi
         raise APIError(503, "the model is being unloaded or the server is shutting down; retry") from None
     except ValueError as e:
         raise APIError(400, str(e)) from None
-    return EngineChunks(request, engine, stream, lease, t_start)
+    return EngineChunks(request, engine, streams, lease, t_start)
+
+
+async def _merged(streams: list[Any]) -> AsyncIterator[tuple[int, Any]]:
+    """(index, delta) from several engine streams as they arrive, until every one is done."""
+    if len(streams) == 1:
+        async for d in streams[0]:
+            yield 0, d
+        return
+    q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, stream: Any) -> None:
+        async for d in stream:
+            q.put_nowait((i, d))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, d = await q.get()
+            left -= d.done
+            yield i, d
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 class EngineChunks:
-    """One request's engine output, iterated as (text, token_ids, final); `final` (Ollama metrics +
-    done_reason) comes with the last item. It owns the sequence and the model lease: `close()` aborts the
-    sequence unless it finished (its KV freed at the next engine step) and releases the lease. `collect()` and
-    the streaming responses call it however they end: done, failed, client gone, even before iterating."""
+    """One request's engine output (n choices), iterated as `pieces()`, or as (text, token_ids, final) for one
+    choice; `final` (Ollama metrics + done_reason) comes with a choice's last item. It owns the sequences and the
+    model lease: `close()` aborts the sequences that did not finish (their KV freed at the next engine step) and
+    releases the lease. `collect()` and the streaming responses call it however they end: done, failed, client
+    gone, even before iterating."""
 
-    def __init__(self, request: Request, engine: Any, stream: Any, lease: Lease, t_start: int) -> None:
-        self.request, self.engine, self.stream, self.lease, self.t_start = request, engine, stream, lease, t_start
-        self.finished = False
+    def __init__(self, request: Request, engine: Any, streams: list[Any], lease: Lease, t_start: int) -> None:
+        self.request, self.engine, self.streams, self.lease, self.t_start = request, engine, streams, lease, t_start
+        self.stream = streams[0]
+        self.done: set[int] = set()
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.streams)
+
+    def _abort_rest(self) -> None:
+        for i, s in enumerate(self.streams):
+            if i not in self.done:
+                self.engine.abort(s.seq_id)
 
     def close(self) -> None:
-        if not self.finished:
-            self.engine.abort(self.stream.seq_id)
+        self._abort_rest()
         self.lease.release()
 
-    async def __aiter__(self) -> AsyncIterator[tuple[str, list[int], dict | None]]:
-        watcher = asyncio.create_task(_watch_disconnect(self.request, lambda: self.engine.abort(self.stream.seq_id)))
+    async def pieces(self) -> AsyncIterator[Piece]:
+        watcher = asyncio.create_task(_watch_disconnect(self.request, self._abort_rest))
         try:
-            async for d in self.stream:
-                if d.done:
-                    self.finished = True
-                    if d.done_reason == "error":
-                        # the engine logged the cause; its text (an exception's) is not for clients
-                        raise APIError(500, "internal error: generation failed (see the daemon log)")
-                    if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
-                        raise APIError(503, "the request was aborted: the server is shutting down or the model "
-                                            "was unloaded; retry")
-                    m = d.metrics.as_ollama() if d.metrics is not None else {}
-                    m["load_duration"] = self.lease.load_duration_ns
-                    m["total_duration"] = time.perf_counter_ns() - self.t_start
-                    yield d.text, list(d.token_ids), {"done_reason": d.done_reason or "stop", **m}
-                    return
-                yield d.text, list(d.token_ids), None
+            async for i, d in _merged(self.streams):
+                if not d.done:
+                    yield Piece(i, d.text, list(d.token_ids), d.logprobs, None)
+                    continue
+                self.done.add(i)
+                if d.done_reason == "error":
+                    # the engine logged the cause; its text (an exception's) is not for clients
+                    raise APIError(500, "internal error: generation failed (see the daemon log)")
+                if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
+                    raise APIError(503, "the request was aborted: the server is shutting down or the model "
+                                        "was unloaded; retry")
+                m = d.metrics.as_ollama() if d.metrics is not None else {}
+                m["load_duration"] = self.lease.load_duration_ns
+                m["total_duration"] = time.perf_counter_ns() - self.t_start
+                yield Piece(i, d.text, list(d.token_ids), d.logprobs, {"done_reason": d.done_reason or "stop", **m})
         finally:
             watcher.cancel()
-            if not self.finished:
-                self.engine.abort(self.stream.seq_id)  # consumer gone (disconnect, error): free the slot and KV
+            self._abort_rest()  # consumer gone (disconnect, error): free the slots and KV
+
+    async def __aiter__(self) -> AsyncIterator[tuple[str, list[int], dict | None]]:
+        async for p in self.pieces():
+            yield p.text, p.token_ids, p.final
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -199,19 +254,31 @@ class ClosingStreamingResponse(StreamingResponse):
 
 async def collect(chunks: EngineChunks) -> Generation:
     """The whole output at once (stream: false); closes `chunks`."""
-    g = Generation()
-    parts: list[str] = []
+    return (await collect_all(chunks))[0]
+
+
+async def collect_all(chunks: EngineChunks) -> list[Generation]:
+    """Every choice's whole output (stream: false, n >= 1); closes `chunks`."""
+    gens = [Generation() for _ in chunks.streams]
+    parts: list[list[str]] = [[] for _ in chunks.streams]
+    sizes = [0] * len(gens)
     try:
-        async for text, ids, final in chunks:
-            parts.append(text)
-            g.token_ids.extend(ids)
-            if final is not None:
-                g.done_reason = final.pop("done_reason")
-                g.metrics = final
+        async for p in chunks.pieces():
+            g = gens[p.index]
+            if p.logprobs:
+                g.logprobs.extend(p.logprobs)
+                g.offsets.extend([sizes[p.index]] * len(p.logprobs))
+            parts[p.index].append(p.text)
+            sizes[p.index] += len(p.text)
+            g.token_ids.extend(p.token_ids)
+            if p.final is not None:
+                g.done_reason = p.final.pop("done_reason")
+                g.metrics = p.final
     finally:
         chunks.close()
-    g.text = "".join(parts)
-    return g
+    for g, ps in zip(gens, parts):
+        g.text = "".join(ps)
+    return gens
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from . import logprobs as lp_format
 from . import prepare, prompting
 from .errors import APIError, not_found, parse_body
 from .generation import (ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise,
@@ -41,10 +42,7 @@ async def version() -> JSONResponse:
 
 
 def _check_common(req: Any) -> None:
-    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-        raise APIError(400, f"top_logprobs must be between 0 and 20, got {req.top_logprobs}")
-    if req.logprobs or req.top_logprobs:
-        raise APIError(400, "logprobs are not supported yet")
+    prepare.ollama_logprobs(req)  # a bad top_logprobs is a 400 before the model loads
 
 
 def ndjson(gen: AsyncIterator[dict[str, Any]], chunks: EngineChunks) -> StreamingResponse:
@@ -100,6 +98,7 @@ async def generate(request: Request) -> Response:
         raise
     prompt_ids = prep.prompt_ids
     reply = prompting.ReplyParser(lease.model, prep.text, prep.think, None)
+    tokenizer = lease.model.runner.tokenizer
 
     def final_obj(g_ids: list[int], final: dict[str, Any]) -> dict[str, Any]:
         out = {"model": req.model, "created_at": now_rfc3339(), "response": "", "done": True, **final}
@@ -114,20 +113,24 @@ async def generate(request: Request) -> Response:
         body["response"] = content
         if thinking:
             body["thinking"] = thinking
+        if g.logprobs:
+            body["logprobs"] = lp_format.ollama(tokenizer, g.logprobs)
         return JSONResponse(body)
 
     async def objs() -> AsyncIterator[dict[str, Any]]:
         out_ids: list[int] = []
-        async for text, ids, final in chunks:
-            out_ids.extend(ids)
-            thinking, content, _ = reply.feed(text, final is not None)
-            if content or thinking:
+        async for p in chunks.pieces():
+            out_ids.extend(p.token_ids)
+            thinking, content, _ = reply.feed(p.text, p.final is not None)
+            if content or thinking or p.logprobs:  # logprobs go out even while the parser holds text back
                 obj = {"model": req.model, "created_at": now_rfc3339(), "response": content, "done": False}
                 if thinking:
                     obj["thinking"] = thinking
+                if p.logprobs:
+                    obj["logprobs"] = lp_format.ollama(tokenizer, p.logprobs)
                 yield obj
-            if final is not None:
-                yield final_obj(out_ids, final)
+            if p.final is not None:
+                yield final_obj(out_ids, p.final)
 
     return ndjson(objs(), chunks)
 
@@ -155,6 +158,7 @@ async def chat(request: Request) -> Response:
         lease.release()
         raise
     reply = prompting.ReplyParser(lease.model, prep.text, prep.think, prep.tools)
+    tokenizer = lease.model.runner.tokenizer
 
     def chunk(content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": content}
@@ -169,17 +173,21 @@ async def chat(request: Request) -> Response:
         thinking, content, calls = reply.parse_all(g.text)
         body = chunk(content, thinking, calls)
         body.update(done=True, done_reason=g.done_reason, **g.metrics)
+        if g.logprobs:
+            body["logprobs"] = lp_format.ollama(tokenizer, g.logprobs)
         return JSONResponse(body)
 
     async def objs() -> AsyncIterator[dict[str, Any]]:
-        async for text, _ids, final in chunks:
-            thinking, content, calls = reply.feed(text, final is not None)
-            if thinking:
-                yield chunk("", thinking)
-            if content:
-                yield chunk(content)
-            if calls:
-                yield chunk("", "", calls)
+        async for p in chunks.pieces():
+            final = p.final
+            thinking, content, calls = reply.feed(p.text, final is not None)
+            out = ([chunk("", thinking)] if thinking else []) + ([chunk(content)] if content else []) \
+                + ([chunk("", "", calls)] if calls else [])
+            if p.logprobs:  # on the piece's first chunk, or their own while the parser holds text back
+                out = out or [chunk()]
+                out[0]["logprobs"] = lp_format.ollama(tokenizer, p.logprobs)
+            for obj in out:
+                yield obj
             if final is not None:
                 done = chunk()
                 done.update(done=True, **final)

@@ -12,9 +12,10 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from . import logprobs as lp_format
 from . import prepare, prompting
 from .errors import APIError, parse_body
-from .generation import ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise
+from .generation import ClosingStreamingResponse, EngineChunks, collect_all, embed_ids, engine_stream, normalise
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, OAIMessage
 
 router = APIRouter(prefix="/v1")
@@ -25,8 +26,10 @@ def _ctx(request: Request) -> Any:
     return request.app.state.ctx
 
 
-def _usage(metrics: dict[str, int]) -> dict[str, int]:
-    p, c = metrics.get("prompt_eval_count", 0), metrics.get("eval_count", 0)
+def _usage(metrics: list[dict[str, int]]) -> dict[str, int]:
+    """The prompt counted once (n choices share it), the completion tokens of every choice summed."""
+    p = metrics[0].get("prompt_eval_count", 0) if metrics else 0
+    c = sum(m.get("eval_count", 0) for m in metrics)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -139,45 +142,58 @@ async def chat_completions(request: Request) -> Response:
         lease.release()
         raise
     cid, created = f"chatcmpl-{random.randint(0, 998)}", int(time.time())
-    reply = prompting.ReplyParser(lease.model, prep.text, prep.think, prep.tools)
+    replies = [prompting.ReplyParser(lease.model, prep.text, prep.think, prep.tools) for _ in range(prep.n)]
+    tokenizer = lease.model.runner.tokenizer
+    want_lp = prep.logprobs is not None
     base = {"id": cid, "created": created, "model": req.model, "system_fingerprint": FINGERPRINT}
     if not req.stream:
-        g = await collect(chunks)
-        thinking, content, calls = reply.parse_all(g.text)
-        msg: dict[str, Any] = {"role": "assistant", "content": content}
-        if thinking:
-            msg["reasoning"] = thinking
-        if calls:
-            msg["tool_calls"] = _oai_tool_calls(calls)
-        return JSONResponse({**base, "object": "chat.completion", "choices": [
-            {"index": 0, "message": msg, "finish_reason": _finish(g.done_reason, bool(calls))}],
-            "usage": _usage(g.metrics)})
+        choices = []
+        gens = await collect_all(chunks)
+        for i, (g, reply) in enumerate(zip(gens, replies)):
+            thinking, content, calls = reply.parse_all(g.text)
+            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            if thinking:
+                msg["reasoning"] = thinking
+            if calls:
+                msg["tool_calls"] = _oai_tool_calls(calls)
+            choices.append({"index": i, "message": msg, "finish_reason": _finish(g.done_reason, bool(calls)),
+                            "logprobs": lp_format.openai_chat(tokenizer, g.logprobs) if want_lp else None})
+        return JSONResponse({**base, "object": "chat.completion", "choices": choices,
+                             "usage": _usage([g.metrics for g in gens])})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     async def objs() -> AsyncIterator[dict[str, Any]]:
-        first, any_calls = True, False
+        first = [True] * prep.n
+        any_calls = [False] * prep.n
+        pending: list[list[Any]] = [[] for _ in range(prep.n)]  # logprobs not yet sent (text held back)
+        finals: list[dict[str, Any]] = []
 
-        def ch(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            nonlocal first
-            if first:
+        def ch(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            if first[i]:
                 delta = {"role": "assistant", **delta}
-                first = False
-            return {**base, "object": "chat.completion.chunk",
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                first[i] = False
+            choice: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": finish}
+            if want_lp:
+                choice["logprobs"] = lp_format.openai_chat(tokenizer, pending[i]) if pending[i] else None
+                pending[i] = []
+            return {**base, "object": "chat.completion.chunk", "choices": [choice]}
 
-        async for text, _ids, final in chunks:
-            thinking, content, calls = reply.feed(text, final is not None)
+        async for p in chunks.pieces():
+            i = p.index
+            pending[i].extend(p.logprobs or [])
+            thinking, content, calls = replies[i].feed(p.text, p.final is not None)
             if thinking:
-                yield ch({"content": "", "reasoning": thinking})
+                yield ch(i, {"content": "", "reasoning": thinking})
             if content:
-                yield ch({"content": content})
+                yield ch(i, {"content": content})
             if calls:
-                any_calls = True
-                yield ch({"tool_calls": _oai_tool_calls(calls)})
-            if final is not None:
-                yield ch({} if not first else {"content": ""}, _finish(final["done_reason"], any_calls))
-                if include_usage:
-                    yield {**base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(final)}
+                any_calls[i] = True
+                yield ch(i, {"tool_calls": _oai_tool_calls(calls)})
+            if p.final is not None:
+                yield ch(i, {} if not first[i] else {"content": ""}, _finish(p.final["done_reason"], any_calls[i]))
+                finals.append(p.final)
+                if include_usage and len(finals) == prep.n:
+                    yield {**base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(finals)}
 
     return _sse(objs(), chunks)
 
@@ -194,26 +210,42 @@ async def completions(request: Request) -> Response:
     except BaseException:
         lease.release()
         raise
+    tokenizer = lease.model.runner.tokenizer
+    want_lp = prep.logprobs is not None
     base = {"id": f"cmpl-{random.randint(0, 998)}", "object": "text_completion", "created": int(time.time()),
             "model": req.model, "system_fingerprint": FINGERPRINT}
     if not req.stream:
-        g = await collect(chunks)
-        return JSONResponse({**base, "choices": [{"text": g.text, "index": 0, "logprobs": None,
-                                                  "finish_reason": _finish(g.done_reason, False)}],
-                             "usage": _usage(g.metrics)})
+        gens = await collect_all(chunks)
+        return JSONResponse({**base, "choices": [
+            {"text": g.text, "index": i,
+             "logprobs": lp_format.legacy(tokenizer, g.logprobs, g.offsets, g.text) if want_lp else None,
+             "finish_reason": _finish(g.done_reason, False)} for i, g in enumerate(gens)],
+            "usage": _usage([g.metrics for g in gens])})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     async def objs() -> AsyncIterator[dict[str, Any]]:
-        async for text, _ids, final in chunks:
-            if final is None and not text:
-                continue
-            obj = {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
-                                        "finish_reason": None if final is None else _finish(final["done_reason"], False)}]}
+        sizes = [0] * prep.n  # characters streamed per choice: the base of text_offset
+        pending: list[list[Any]] = [[] for _ in range(prep.n)]
+        finals: list[dict[str, Any]] = []
+        async for p in chunks.pieces():
+            i = p.index
+            pending[i].extend(p.logprobs or [])
+            if p.final is None and not p.text:
+                continue  # a partial character: its logprobs go with the chunk that completes it
+            lp = None
+            if want_lp:
+                lp = lp_format.legacy(tokenizer, pending[i], [sizes[i]] * len(pending[i]), p.text, sizes[i])
+                pending[i] = []
+            sizes[i] += len(p.text)
+            finish = None if p.final is None else _finish(p.final["done_reason"], False)
+            obj = {**base, "choices": [{"text": p.text, "index": i, "logprobs": lp, "finish_reason": finish}]}
             if include_usage:
                 obj["usage"] = None  # as OpenAI: null on content chunks, the real usage on the last one
             yield obj
-            if final is not None and include_usage:
-                yield {**base, "choices": [], "usage": _usage(final)}
+            if p.final is not None:
+                finals.append(p.final)
+                if include_usage and len(finals) == prep.n:
+                    yield {**base, "choices": [], "usage": _usage(finals)}
 
     return _sse(objs(), chunks)
 

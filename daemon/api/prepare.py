@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.grammar import Constraint, GrammarError, grammar_for_format
+from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import SamplingParams
 from ..models import LoadedModel
 from . import prompting
@@ -27,6 +28,8 @@ class Prepared:
     think: bool | str | None = None
     tools: list[dict[str, Any]] | None = None
     constraint: Constraint | None = None  # format / response_format, compiled for this model
+    logprobs: int | None = None  # None: no logprobs; k: each token's logprob and its k most likely alternatives
+    n: int = 1  # choices sampled from the one prompt (/v1 `n`)
 
 
 def check_format(fmt: Any) -> str | None:
@@ -75,6 +78,14 @@ def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParam
     return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think))
 
 
+def ollama_logprobs(req: GenerateRequest | ChatRequest) -> int | None:
+    """Ollama's `logprobs` (bool) and `top_logprobs` (0..20 alternatives, read only when logprobs is on)."""
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}")
+    return (top or 0) if req.logprobs else None
+
+
 def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:
     """/api/generate: the request's template (or the model's), raw mode, `context` ids prepended."""
     grammar = check_format(req.format)
@@ -87,7 +98,9 @@ def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> P
                                                       suffix=req.suffix or "", template=req.template, think=think)
     ids = list(req.context or []) + prompting.encode(model, text, add_special=add_special and not req.context)
     params = sampling_params(req.options, model.record.params)
-    return _finish(model, text, ids, params, window, think, grammar=grammar)
+    prep = _finish(model, text, ids, params, window, think, grammar=grammar)
+    prep.logprobs = ollama_logprobs(req)
+    return prep
 
 
 def _chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -106,7 +119,9 @@ def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
     tools = req.tools or None
     text, ids = _chat_prompt(model, [m.as_template_dict() for m in req.messages or []], tools, think)
     params = sampling_params(req.options, model.record.params)
-    return _finish(model, text, ids, params, window, think, tools, grammar)
+    prep = _finish(model, text, ids, params, window, think, tools, grammar)
+    prep.logprobs = ollama_logprobs(req)
+    return prep
 
 
 def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedModel) -> SamplingParams:
@@ -115,14 +130,45 @@ def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedM
     max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
     if max_tokens is not None and max_tokens < 0:
         raise APIError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
-    if req.n not in (None, 1):
-        raise APIError(400, f"n={req.n} is not supported; only n=1", param="n")
-    if req.logprobs or req.top_logprobs:  # refused rather than silently dropped
-        raise APIError(400, "logprobs are not supported yet", param="logprobs")
     return sampling_params(None, model.record.params, num_predict=max_tokens, stop=stop, seed=req.seed,
                            temperature=1.0 if req.temperature is None else req.temperature,
                            top_p=1.0 if req.top_p is None else req.top_p,
                            frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty)
+
+
+MAX_CHOICES = 8
+
+
+def openai_choices(req: ChatCompletionRequest | CompletionRequest, model: LoadedModel) -> int:
+    """`n`: 1..8 and at most the model's slots, so every choice runs at once; 400 otherwise."""
+    n = 1 if req.n is None else req.n
+    limit = min(MAX_CHOICES, model.engine.scheduler.config.max_num_seqs)
+    if not 1 <= n <= limit:
+        raise APIError(400, f"n must be between 1 and {limit} for model '{model.name}', got {n}", param="n")
+    return n
+
+
+def chat_logprobs(req: ChatCompletionRequest) -> int | None:
+    """/v1/chat/completions: `logprobs` (bool) and `top_logprobs` (0..20, only with logprobs) as the engine's k."""
+    if req.logprobs is not None and not isinstance(req.logprobs, bool):
+        raise APIError(400, f"logprobs must be a boolean, got {req.logprobs!r}", param="logprobs")
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}", param="top_logprobs")
+    if top and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    return (top or 0) if req.logprobs else None
+
+
+def completion_logprobs(req: CompletionRequest) -> int | None:
+    """/v1/completions: the legacy `logprobs` integer (0..20 alternatives per token; 0 = the chosen token only)."""
+    v = req.logprobs
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS}, got {v!r}",
+                       param="logprobs")
+    return v
 
 
 def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: list[dict[str, Any]],
@@ -132,7 +178,9 @@ def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: li
     think = prompting.resolve_think(model, think)
     tools = req.tools or None
     text, ids = _chat_prompt(model, messages, tools, think)
-    return _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None), think, tools, grammar)
+    prep = _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None), think, tools, grammar)
+    prep.logprobs, prep.n = chat_logprobs(req), openai_choices(req, model)
+    return prep
 
 
 def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
@@ -143,8 +191,10 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
     else:
         text, add = req.prompt, True
     ids = prompting.encode(model, text, add_special=add)
-    return _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None),
+    prep = _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None),
                    grammar=response_format_grammar(req.response_format))
+    prep.logprobs, prep.n = completion_logprobs(req), openai_choices(req, model)
+    return prep
 
 
 def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:

@@ -1,0 +1,135 @@
+"""n > 1 and logprobs as a user gets them: a default `evenflow serve`, driven over HTTP, one run.
+
+    python docs/bench/n_choices.py                # ~1k-token prompt, n=4, 16 tokens each (a few minutes on 2 cores)
+
+1. One /v1/completions request with n=4 vs the same four choices as four concurrent n=1 requests (seeds
+   s..s+3): wall time and the prompt tokens the engine computed (from /api/events
+   step events). Each scenario gets its own document, so neither reuses the other's cache.
+2. Decode speed of one greedy stream with logprobs off, on (top 0) and on with top_logprobs=20: eval tokens/s
+   from Ollama's eval_count / eval_duration on /api/generate.
+Model: the synthetic `bench` preset (Llama, 16x1024, 32k vocab) as Q8_0; the backend is the default (llama.cpp on a
+CPU). Writes docs/bench/n_choices.json and docs/bench/n_choices.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from evenflow.backends.synthetic import cached_model, make_spec
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from perf_suite import MODEL, StepRecorder, import_model, serve_daemon  # noqa: E402
+from prefix_cache_bench import cpu_model, document  # noqa: E402
+
+
+def completions(url: str, prompt: str, n: int, seed: int, max_tokens: int) -> dict[str, Any]:
+    body = {"model": MODEL, "prompt": prompt, "n": n, "seed": seed, "max_tokens": max_tokens, "temperature": 1.0}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=1200, trust_env=False)
+    r.raise_for_status()
+    return r.json()
+
+
+def prefilled(steps: list[dict]) -> int:
+    return sum(s["prefill_tokens"] for s in steps)
+
+
+def scenario_n(url: str, prompt: str, n: int, seed: int, max_tokens: int) -> dict[str, Any]:
+    rec = StepRecorder(url)
+    time.sleep(0.5)  # let the event stream connect before the request starts
+    t0 = time.perf_counter()
+    out = completions(url, prompt, n, seed, max_tokens)
+    wall = time.perf_counter() - t0
+    time.sleep(0.5)
+    steps = rec.stop()
+    return {"wall_s": round(wall, 2), "prompt_tokens": out["usage"]["prompt_tokens"],
+            "computed_prompt_tokens": prefilled(steps), "texts": [c["text"] for c in out["choices"]]}
+
+
+def scenario_separate(url: str, prompt: str, n: int, seed: int, max_tokens: int) -> dict[str, Any]:
+    rec = StepRecorder(url)
+    time.sleep(0.5)
+    outs: list[Any] = [None] * n
+
+    def one(i: int) -> None:
+        outs[i] = completions(url, prompt, 1, seed + i, max_tokens)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    time.sleep(0.5)
+    steps = rec.stop()
+    return {"wall_s": round(wall, 2), "prompt_tokens": outs[0]["usage"]["prompt_tokens"],
+            "computed_prompt_tokens": prefilled(steps), "texts": [o["choices"][0]["text"] for o in outs]}
+
+
+def decode_speed(url: str, prompt: str, tokens: int, logprobs: int | None) -> float:
+    body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "raw": True, "stream": False,
+                            "options": {"temperature": 0, "num_predict": tokens}}
+    if logprobs is not None:
+        body.update(logprobs=True, top_logprobs=logprobs)
+    r = httpx.post(url + "/api/generate", json=body, timeout=1200, trust_env=False).json()
+    return r["eval_count"] / r["eval_duration"] * 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompt", type=int, default=1000, help="prompt length in tokens")
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=11)
+    args = ap.parse_args()
+    gguf = Path(cached_model(make_spec("bench"), formats=("gguf",), gguf_dtype="q8_0")["gguf"])
+    from evenflow.backends.llamacpp.tokenizer import open_vocab
+
+    tok = open_vocab(str(gguf))
+    count = lambda s: len(tok.encode(s))  # noqa: E731
+    doc_a, doc_b = (document(random.Random(args.seed + k), args.prompt, count) for k in (1, 2))
+    tok.close()
+    store = Path(tempfile.mkdtemp(prefix="evenflow-n-store-"))
+    import_model(store, gguf)
+    res: dict[str, Any] = {"meta": {
+        "model": "synthetic bench preset (llama, 16 layers x 1024, 32k vocab), Q8_0 GGUF",
+        "backend": "default (auto: llama.cpp on a CPU)", "cpu": cpu_model(), "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M"), "load_avg": round(os.getloadavg()[0], 1),
+        "n": args.n, "max_tokens": args.max_tokens}}
+    with serve_daemon({"OLLAMA_MODELS": str(store)}, "n_choices_daemon.log") as url:
+        completions(url, "warm up", 1, 0, 2)
+        one = scenario_n(url, doc_a + " Question: go on.", args.n, args.seed, args.max_tokens)
+        sep = scenario_separate(url, doc_b + " Question: go on.", args.n, args.seed, args.max_tokens)
+        speeds = {name: round(decode_speed(url, doc_a[:400], args.decode_tokens, lp), 2)
+                  for name, lp in (("off", None), ("top 0", 0), ("top 20", 20), ("off again", None))}
+    res["n_request"], res["separate_requests"], res["decode_tok_s"] = one, sep, speeds
+    res["meta"]["load_avg_end"] = round(os.getloadavg()[0], 1)
+    (HERE / "n_choices.json").write_text(json.dumps(res, indent=2) + "\n")
+    lines = [f"# n > 1 and logprobs ({res['meta']['date']}, {res['meta']['cpu']}, {res['meta']['cpus']} CPUs, "
+             f"load {res['meta']['load_avg']} -> {res['meta']['load_avg_end']})", "",
+             f"{res['meta']['model']}; {res['meta']['backend']}; one run.", "",
+             f"| {args.n} choices of {args.max_tokens} tokens | prompt tokens | prompt tokens computed | wall s |",
+             "|---|---|---|---|",
+             f"| one request, n={args.n} | {one['prompt_tokens']} | {one['computed_prompt_tokens']} | {one['wall_s']} |",
+             f"| {args.n} concurrent n=1 requests | {sep['prompt_tokens']} | {sep['computed_prompt_tokens']} | "
+             f"{sep['wall_s']} |", "",
+             f"| logprobs (one greedy stream, {args.decode_tokens} tokens) | decode tokens/s |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in speeds.items()]
+    (HERE / "n_choices.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

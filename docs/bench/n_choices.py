@@ -8,13 +8,15 @@
 2. Decode speed of one greedy stream with logprobs off, on (top 0) and on with top_logprobs=20, alternated over
    rounds (median eval tokens/s from /api/generate's eval_count / eval_duration), and the engine's logprob work
    per sampled row in thread CPU time (which, unlike wall time, other jobs on the machine do not inflate).
-   `--parts logprobs` reruns only this part and keeps the n part's last results.
+   `--parts logprobs` reruns only this part and keeps the n part's last results; `--parts cpu` measures only the
+   engine's logprob work (no daemon).
 Model: the synthetic `bench` preset (Llama, 16x1024, 32k vocab) as Q8_0; the backend is the default (llama.cpp on a
 CPU). Writes docs/bench/n_choices.json and docs/bench/n_choices.md.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -127,6 +129,13 @@ def render(res: dict[str, Any]) -> str:
                   f"per sampled row (thread CPU time, median of 200, vocab {r['vocab']}).", "",
                   "| logprobs | decode tokens/s (median) | all rounds | logprob work per row, us |", "|---|---|---|---|"]
         lines += [f"| {k} | {v['median']} | {v['all']} | {v['cpu_us']} |" for k, v in r["settings"].items()]
+    if "logprobs_cpu" in res:
+        r = res["logprobs_cpu"]
+        lines += [f"## logprobs: the engine's work per sampled row ({r['date']})", "",
+                  f"log-softmax over a {r['vocab']}-token row + the top k, thread CPU time (median of 200; other jobs "
+                  "on the machine do not inflate it). Rows that did not ask for logprobs do none of this.", "",
+                  "| top_logprobs | us per row |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in r["us_per_row"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -156,8 +165,14 @@ def main() -> None:
     res["meta"] = {"model": "synthetic bench preset (llama, 16 layers x 1024, 32k vocab), Q8_0 GGUF",
                    "backend": "default `evenflow serve` (auto: llama.cpp on a CPU)", "cpu": cpu_model(),
                    "cpus": os.cpu_count()}
-    with serve_daemon({"OLLAMA_MODELS": str(store)}, "n_choices_daemon.log") as url:
-        completions(url, "warm up", 1, 0, 2)
+    if "cpu" in parts:  # no daemon: the engine's logprob work alone
+        res["logprobs_cpu"] = {"vocab": vocab, "date": time.strftime("%Y-%m-%d %H:%M"),
+                               "us_per_row": {f"top {k}": round(logprob_cpu_us(vocab, k), 1) for k in (0, 5, 20)}}
+    if not {"n", "logprobs"} & set(parts):
+        parts = []
+    with (serve_daemon({"OLLAMA_MODELS": str(store)}, "n_choices_daemon.log") if parts else contextlib.nullcontext()) as url:
+        if parts:
+            completions(url, "warm up", 1, 0, 2)
         if "n" in parts:
             r: dict[str, Any] = {"n": args.n, "max_tokens": args.max_tokens, "date": time.strftime("%Y-%m-%d %H:%M"),
                                  "load_avg": round(os.getloadavg()[0], 1)}

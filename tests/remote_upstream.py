@@ -65,7 +65,7 @@ def start_llama_server(gguf: Path) -> LlamaServer:
 class Script:
     """What the scripted upstream does next, and what it saw."""
 
-    mode: str = "ok"  # ok | error500 | hang | endless | tools
+    mode: str = "ok"  # ok | think | error500 | hang | endless | tools
     tokens: list[str] = field(default_factory=lambda: ["Hello", ",", " remote", " world", "!"])
     requests: list[dict[str, Any]] = field(default_factory=list)  # path, headers, body
     started: threading.Event = field(default_factory=threading.Event)  # an endless stream sent its first chunk
@@ -131,6 +131,9 @@ def scripted_app(script: Script) -> FastAPI:
                         yield f"data: {json.dumps(_chunk(path, tool_calls=[{'index': 0, 'function': {'arguments': f}}]))}\n\n"
                     yield f"data: {json.dumps(_chunk(path, finish='tool_calls'))}\n\n"
                 else:
+                    if script.mode == "think":  # vLLM/SGLang with a reasoning parser: reasoning_content first
+                        for tok in ("let", " me", " think"):
+                            yield f"data: {json.dumps(_chunk(path, reasoning_content=tok))}\n\n"
                     for tok in script.tokens:
                         yield f"data: {json.dumps(_chunk(path, tok))}\n\n"
                     yield f"data: {json.dumps(_chunk(path, finish='stop'))}\n\n"

@@ -219,6 +219,26 @@ def test_disconnect_cancels_the_upstream_request(daemon, script):
     assert script.cancelled.wait(30)
 
 
+def test_disconnect_of_a_non_streamed_request_cancels_upstream(daemon, script):
+    script.mode = "endless"
+    body = json.dumps({"model": "script", "prompt": "go", "stream": False}).encode()
+    host, port = daemon.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert script.started.wait(30)
+    assert script.cancelled.wait(30), "the upstream never saw the client leave"
+
+
+def test_thinking_comes_back_as_thinking(daemon, script):
+    script.mode = "think"
+    parts = list(ollama.Client(host=daemon.url).chat("script", messages=[{"role": "user", "content": "q"}],
+                                                     think=True, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == "let me think"
+    assert "".join(p.message.content for p in parts) == "Hello, remote world!"
+    assert script.requests[-1]["body"]["chat_template_kwargs"] == {"enable_thinking": True}
+
+
 def test_tool_calls_and_format_are_translated(daemon, script):
     script.mode = "tools"
     tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]

@@ -127,7 +127,8 @@ def _remote_config(from_: str, settings: dict[str, Any], files: Any, template: s
         ep = RemoteEndpoint.parse(from_, settings)
     except EndpointError as e:
         raise InvalidModel(str(e)) from e
-    return ModelConfig(model_format="remote", extra={"remote": ep.to_json()})
+    return ModelConfig(model_format="remote", model_family="remote", model_families=["remote"],
+                       extra={"remote": ep.to_json()})
 
 
 def _weights_layers(store: "ModelStore", files: dict[str, str]) -> tuple[list[Layer], ModelConfig, str]:

@@ -128,10 +128,13 @@ async def lookup(request: Request, name: str | None) -> RemoteModel | None:
     find = getattr(ctx.store, "remote", None)
     if not name or find is None:
         return None
-    spec = await asyncio.to_thread(find, name)
+    def both() -> tuple[dict[str, Any] | None, Any]:
+        spec = find(name)
+        return spec, ctx.manager.resolve(name) if spec is not None else None
+
+    spec, record = await asyncio.to_thread(both)  # one hop off the loop: local requests pay only this
     if spec is None:
         return None
-    record = await asyncio.to_thread(ctx.manager.resolve, name)
     try:
         ep = RemoteEndpoint.from_json(spec)
     except ValueError as e:

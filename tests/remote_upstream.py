@@ -65,7 +65,7 @@ def start_llama_server(gguf: Path) -> LlamaServer:
 class Script:
     """What the scripted upstream does next, and what it saw."""
 
-    mode: str = "ok"  # ok | think | error500 | hang | endless | tools
+    mode: str = "ok"  # ok | think | reject_key | error500 | hang | endless | tools
     tokens: list[str] = field(default_factory=lambda: ["Hello", ",", " remote", " world", "!"])
     requests: list[dict[str, Any]] = field(default_factory=list)  # path, headers, body
     started: threading.Event = field(default_factory=threading.Event)  # an endless stream sent its first chunk
@@ -104,6 +104,9 @@ def scripted_app(script: Script) -> FastAPI:
         path = request.url.path
         body = await request.json()
         script.requests.append({"path": path, "headers": dict(request.headers), "body": body})
+        if script.mode == "reject_key":  # an engine careless enough to echo the key it refused
+            auth = request.headers.get("authorization", "")
+            return JSONResponse({"error": {"message": f"invalid api key: {auth}"}}, 401)
         if script.mode == "error500":
             return JSONResponse({"error": {"message": "CUDA error: out of memory", "type": "server_error"}}, 500)
         if script.mode == "hang":  # until the daemon gives up on us and closes the connection

@@ -176,6 +176,22 @@ def test_key_is_sent_upstream_and_never_shown(daemon, script, caplog):
     mine = [e["event"] for e in events if e.get("type") == "request" and e.get("model") == "script:latest"]
     assert mine[0] == "queued" and mine.count("token") == 5 and mine[-1] == "finished" and "first_token" in mine
     assert KEY not in "\n".join(seen) and KEY not in caplog.text
+    from evenflow.tui.state import MonitorState  # the monitor reads remote streams like local ones
+
+    state = MonitorState()
+    for ev in events:
+        state.apply(ev)
+    (stream,) = [s for s in state.streams.values() if s.model == "script:latest"]
+    assert stream.state == "done" and stream.output_tokens == 5 and stream.prompt_tokens == 3
+    assert stream.ttft is not None and stream.tok_per_s is not None and stream.endpoint == "/api/chat"
+
+
+def test_a_rejected_key_is_502_and_not_echoed(daemon, script):
+    script.mode = "reject_key"
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=daemon.url).chat("script", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 502 and "401" in str(e.value) and KEY_ENV in str(e.value)
+    assert KEY not in str(e.value) and "<api key>" in str(e.value)
 
 
 def test_missing_key_variable_is_a_clear_error(daemon, script, monkeypatch):

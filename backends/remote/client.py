@@ -31,6 +31,12 @@ class UpstreamError(Exception):
         self.status, self.message = status, message
 
 
+def _scrubbed(message: str, ep: RemoteEndpoint) -> str:
+    """An engine that echoes the key in its error text must not make us show or log it."""
+    key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
+    return message.replace(key, "<api key>") if key else message
+
+
 def _upstream_message(resp: httpx.Response) -> str:
     """The engine's own error text: OpenAI's {"error": {"message"}}, {"error": "..."}, vLLM's {"message"}."""
     try:
@@ -48,7 +54,7 @@ def _upstream_message(resp: httpx.Response) -> str:
 
 def status_error(resp: httpx.Response, ep: RemoteEndpoint, message: str | None = None) -> UpstreamError:
     """An HTTP error from the engine -> the status we answer (its 5xx become 502, its auth failures too)."""
-    msg = message if message is not None else _upstream_message(resp)
+    msg = _scrubbed(message if message is not None else _upstream_message(resp), ep)
     code = resp.status_code
     where = f"the upstream engine at {ep.base_url} answered {code}: {msg}"
     if code in (401, 403):
@@ -202,7 +208,7 @@ class UpstreamStream:
                                              f"{data[:200]}") from None
                 if isinstance(obj, dict) and obj.get("error") and not obj.get("choices"):
                     err = obj["error"]
-                    msg = err.get("message", err) if isinstance(err, dict) else err
+                    msg = _scrubbed(str(err.get("message", err) if isinstance(err, dict) else err), self.ep)
                     raise UpstreamError(502, f"the upstream engine at {self.ep.base_url} failed mid-stream: {msg}")
                 if isinstance(obj, dict):
                     yield obj

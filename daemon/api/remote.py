@@ -20,7 +20,7 @@ from ...backends.remote import RemoteEndpoint, UpstreamError, UpstreamStream
 from .errors import APIError
 from .generation import normalise, now_rfc3339, parse_keep_alive, rfc3339
 from .remote_convert import Reader, chat_messages, response_format, sampling, thinking
-from .remote_hub import PS_CHECK_S, RemoteModel, RemoteRun, hub_of, lookup
+from .remote_hub import PS_CHECK_S, PS_FAILED_TTL_S, RemoteModel, RemoteRun, hub_of, lookup
 
 __all__ = ["lookup", "chat", "generate", "embed", "embeddings", "v1", "ps_rows", "show_info"]
 NDJSON = "application/x-ndjson"
@@ -337,7 +337,7 @@ async def ps_rows(request: Request) -> list[dict[str, Any]]:
         if spec is None:
             return None
         try:
-            h = await asyncio.wait_for(hub.check(RemoteEndpoint.from_json(spec)), PS_CHECK_S)
+            h = await asyncio.wait_for(hub.check(RemoteEndpoint.from_json(spec), PS_FAILED_TTL_S), PS_CHECK_S)
         except (asyncio.TimeoutError, ValueError):
             return None
         if not h.ok:
@@ -355,7 +355,7 @@ async def show_info(request: Request, name: str, info: dict[str, Any]) -> None:
     if rm is None:
         return
     try:
-        h = await asyncio.wait_for(hub_of(request).check(rm.endpoint), PS_CHECK_S)
+        h = await asyncio.wait_for(hub_of(request).check(rm.endpoint, PS_FAILED_TTL_S), PS_CHECK_S)
     except asyncio.TimeoutError:
         h = None
     mi = info.setdefault("model_info", {})

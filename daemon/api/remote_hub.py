@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_TTL_S = 30.0  # a healthy upstream is checked again after this long; a failed call re-checks at once
 PS_CHECK_S = 3.0  # /api/ps waits this long for an upstream's model list before showing it as not loaded
+PS_FAILED_TTL_S = 10.0  # /api/ps and /api/show reuse a failed check this long
 
 
 @dataclass
@@ -72,10 +73,12 @@ class RemoteHub:
         """A call failed: the next one checks the upstream again before using it."""
         self._health.pop((ep.base_url, ep.model), None)
 
-    async def check(self, ep: RemoteEndpoint) -> Health:
-        """The upstream's model list (cached while healthy): is it up, does it serve our model, what window."""
+    async def check(self, ep: RemoteEndpoint, failed_ttl: float = 0.0) -> Health:
+        """The upstream's model list (cached while healthy): is it up, does it serve our model, what window.
+        A failure is reused for `failed_ttl` seconds (/api/ps and /api/show: a monitor polling them must not pay
+        the retries each time); before a request it is not."""
         h = self.cached(ep)
-        if h is not None and h.ok and time.monotonic() - h.checked < HEALTH_TTL_S:
+        if h is not None and time.monotonic() - h.checked < (HEALTH_TTL_S if h.ok else failed_ttl):
             return h
         try:
             models = await self.upstream(ep).list_models()

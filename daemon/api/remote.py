@@ -71,10 +71,12 @@ async def _unless_gone(request: Request, work: Awaitable[Any], on_gone: Callable
             task.cancel()
 
 
-async def _open(request: Request, rm: RemoteModel, run: RemoteRun, path: str, body: dict[str, Any]) -> UpstreamStream:
+async def _open(request: Request, rm: RemoteModel, run: RemoteRun, path: str, body: dict[str, Any],
+                reader: Reader) -> UpstreamStream:
     hub = hub_of(request)
     await hub.ensure(request, rm)
     run.emit("queued")
+    reader.t_sent = time.perf_counter_ns()  # prompt_eval_duration: from here to the first token
     try:
         up = await hub.upstream(rm.endpoint).open_stream(path, body)
     except UpstreamError as e:
@@ -106,7 +108,7 @@ async def _relay(request: Request, rm: RemoteModel, run: RemoteRun, path: str, b
                  shape: Callable[..., dict[str, Any]], t0: int) -> Response:
     """Run one upstream stream and answer in Ollama's shape: NDJSON pieces, or one object (`stream: false`)."""
     reader = Reader(t0)
-    up = await _open(request, rm, run, path, body)
+    up = await _open(request, rm, run, path, body, reader)
     if not stream:
         async def whole() -> dict[str, Any]:
             parts: list[tuple[str, str]] = [p async for p in _pieces(request, rm, run, up, reader)]
@@ -273,7 +275,7 @@ async def v1(request: Request, rm: RemoteModel, path: str) -> Response:
         out = await _v1_json(request, rm, path, body, run)
         return JSONResponse({**out, "model": asked})
     reader = Reader(time.perf_counter_ns())
-    up = await _open(request, rm, run, path, body)
+    up = await _open(request, rm, run, path, body, reader)
 
     async def events() -> AsyncIterator[bytes]:
         try:

@@ -131,6 +131,7 @@ async def lookup(request: Request, name: str | None) -> RemoteModel | None:
     find = getattr(ctx.store, "remote", None)
     if not name or find is None:
         return None
+
     def both() -> tuple[dict[str, Any] | None, Any]:
         spec = find(name)
         return spec, ctx.manager.resolve(name) if spec is not None else None

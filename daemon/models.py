@@ -37,6 +37,7 @@ class ModelRecord:
     bos_token: str | None = None  # special-token texts for Jinja templates
     eos_token: str | None = None
     synthetic: bool = False
+    remote: dict[str, Any] | None = None  # served by an upstream engine (daemon/api/remote.py), never loaded here
 
 
 @dataclass
@@ -120,6 +121,8 @@ class ModelManager:
         if self._closing:
             raise APIError(503, "server is shutting down")
         record = self.resolve(name)
+        if record.remote is not None:
+            raise APIError(400, f"model '{record.name}' is a remote model; this endpoint cannot serve it")
         if num_ctx is not None and record.context_length and num_ctx > record.context_length:
             raise APIError(400, f"num_ctx {num_ctx} exceeds the context length of model '{record.name}' "
                                 f"({record.context_length} tokens); use num_ctx <= {record.context_length}")

@@ -103,6 +103,8 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
         if ctx.advertiser is not None:
             await _logged(ctx.advertiser.close(), "could not withdraw the zeroconf record")
         await manager.shutdown()
+        if getattr(app.state, "remote", None) is not None:  # upstream pools of remote models (daemon/api/remote.py)
+            await app.state.remote.aclose()
         ctx.workers.shutdown()
 
     app = FastAPI(title="evenflow", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from . import logprobs as lp_format
-from . import prepare, prompting
+from . import prepare, prompting, remote
 from .errors import APIError, not_found, parse_body
 from .generation import (ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise,
                          now_rfc3339, parse_keep_alive, requested_num_ctx)
@@ -79,6 +79,8 @@ async def generate(request: Request) -> Response:
     ctx = _ctx(request)
     if not req.model:
         raise not_found("")
+    if (rm := await remote.lookup(request, req.model)) is not None:
+        return await remote.generate(request, rm, req, t0)
     _check_common(req)
     if req.raw and (req.template or req.system or req.context):
         raise APIError(400, "raw mode does not support template, system, or context")
@@ -142,6 +144,8 @@ async def chat(request: Request) -> Response:
     ctx = _ctx(request)
     if not req.model:
         raise APIError(400, "model is required")
+    if (rm := await remote.lookup(request, req.model)) is not None:
+        return await remote.chat(request, rm, req, t0)
     _check_common(req)
     keep_alive = parse_keep_alive(req.keep_alive)
     num_ctx = requested_num_ctx(req.options)
@@ -203,6 +207,8 @@ async def embed(request: Request) -> JSONResponse:
     ctx = _ctx(request)
     if not req.model:
         raise APIError(400, "model is required")
+    if (rm := await remote.lookup(request, req.model)) is not None:
+        return await remote.embed(request, rm, req, t0)
     inputs = req.input
     if isinstance(inputs, str):
         inputs = [inputs] if inputs else []
@@ -234,6 +240,8 @@ async def embeddings(request: Request) -> JSONResponse:
     ctx = _ctx(request)
     if not req.model:
         raise APIError(400, "model is required")
+    if (rm := await remote.lookup(request, req.model)) is not None:
+        return await remote.embeddings(request, rm, req)
     lease = await ctx.manager.acquire(req.model, keep_alive=parse_keep_alive(req.keep_alive),
                                       num_ctx=requested_num_ctx(req.options))
     try:

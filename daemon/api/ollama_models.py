@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Iterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from . import remote
 from .errors import APIError, parse_body
 from .generation import rfc3339
 from .schemas import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
@@ -34,6 +35,8 @@ async def show(request: Request) -> JSONResponse:
     if not name:
         raise APIError(400, "model is required")
     info = await asyncio.to_thread(_ctx(request).store.show, name, bool(req.verbose), req.system)
+    if info.get("remote"):
+        await remote.show_info(request, name, info)
     return JSONResponse(info)
 
 
@@ -122,6 +125,7 @@ async def ps(request: Request) -> JSONResponse:
         out.append({"name": m.name, "model": m.name, "size": m.size, "digest": m.record.digest,
                     "details": details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size if gpu else 0,
                     "context_length": m.context_length})
+    out += await remote.ps_rows(request)
     return JSONResponse({"models": out})
 
 

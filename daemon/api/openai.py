@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import logprobs as lp_format
-from . import prepare, prompting
+from . import prepare, prompting, remote
 from .errors import APIError, parse_body
 from .generation import ClosingStreamingResponse, EngineChunks, collect_all, embed_ids, engine_stream, normalise
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, OAIMessage
@@ -125,6 +125,8 @@ def _oai_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     req = await parse_body(request, ChatCompletionRequest)
+    if (rm := await remote.lookup(request, req.model)) is not None:
+        return await remote.v1(request, rm, "/chat/completions")
     messages = convert_messages(req.messages)
     ctx = _ctx(request)
     effort = req.reasoning_effort
@@ -202,6 +204,8 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     req = await parse_body(request, CompletionRequest)
+    if (rm := await remote.lookup(request, req.model)) is not None:
+        return await remote.v1(request, rm, "/completions")
     ctx = _ctx(request)
     lease = await ctx.manager.acquire(req.model)
     try:
@@ -282,6 +286,8 @@ async def retrieve_model(request: Request, model: str) -> JSONResponse:
 @router.post("/embeddings")
 async def embeddings(request: Request) -> JSONResponse:
     req = await parse_body(request, EmbeddingRequest)
+    if (rm := await remote.lookup(request, req.model)) is not None:
+        return await remote.v1(request, rm, "/embeddings")
     inputs = req.input
     if isinstance(inputs, str):
         inputs = [inputs]

@@ -62,7 +62,14 @@ class StoreAdapter:
         return ModelRecord(name=r.name, path=str(r.model_path), template=r.template, system=r.system,
                            params=dict(r.params or {}), messages=list(r.messages or []), details=dict(r.details or {}),
                            digest=r.digest, context_length=r.context_length, size=r.size,
-                           bos_token=r.bos_token, eos_token=r.eos_token, synthetic=r.synthetic)
+                           bos_token=r.bos_token, eos_token=r.eos_token, synthetic=r.synthetic, remote=r.remote)
+
+    def remote(self, name: str) -> dict[str, Any] | None:
+        """The endpoint of a remote model; None for a local model or any name the normal path should judge."""
+        try:
+            return self.store.remote(name)
+        except Exception:  # noqa: BLE001 - unknown or broken names get their usual error from the local path
+            return None
 
     def create_iter(self, name: str, req: Any) -> Iterator[str]:
         """Validates (raising APIError) and returns the iterator of status lines that performs the create."""

@@ -10,6 +10,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ...backends.remote.endpoint import FROM_SHAPE, SETTING_KEYS as REMOTE_SETTING_KEYS
+from ...backends.remote.endpoint import EndpointError, RemoteEndpoint, is_remote_from
 from .hfdir import safe_relpath
 from .errors import BlobNotFound, InvalidModel, NotSupported
 from .manifest import (CONFIG_MEDIA_TYPE, MT_ADAPTER, MT_FILE, MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_PROMPT,
@@ -80,8 +82,13 @@ def create_model(store: "ModelStore", name: str, *, files: dict[str, str] | None
         raise NotSupported(f"quantization is not supported yet (asked for {quantize!r}); upload a quantized GGUF instead")
     if not from_ and not files:
         raise InvalidModel("neither 'from' or 'files' was specified")
+    parameters = dict(parameters or {})
+    settings = {k: parameters.pop(k) for k in REMOTE_SETTING_KEYS if k in parameters}
+    if settings and not is_remote_from(from_):
+        raise InvalidModel(f"parameter {', '.join(sorted(settings))} applies only to a remote model "
+                           f"(FROM {FROM_SHAPE})")
     try:
-        params = format_params(parameters or {})
+        params = format_params(parameters)
     except InvalidParameter as e:
         raise InvalidModel(str(e)) from e
     msgs = _check_messages(messages) if messages is not None else None
@@ -93,6 +100,9 @@ def create_model(store: "ModelStore", name: str, *, files: dict[str, str] | None
             check_template(template)
         except TemplateError as e:
             raise InvalidModel(f"template error: {e}") from e
+    if is_remote_from(from_):
+        return _run(store, target, [], _remote_config(from_, settings, files, template), "using remote endpoint",
+                    None, system, params, msgs, licenses)
     if from_:
         base = store.manifest(from_)  # ModelNotFound / InvalidName propagate (404 / 400)
         layers, config, status = list(base.layers), base.config, None
@@ -104,6 +114,21 @@ def create_model(store: "ModelStore", name: str, *, files: dict[str, str] | None
         base_params = {}
     return _run(store, target, layers, config, status, template, system, {**base_params, **params} if params else {},
                 msgs, licenses)
+
+
+def _remote_config(from_: str, settings: dict[str, Any], files: Any, template: str | None) -> ModelConfig:
+    """A remote model: no weights, its endpoint in the config blob."""
+    if files:
+        raise InvalidModel("a remote model has no files: give 'from' an openai+http URL or 'files', not both")
+    if template:
+        raise InvalidModel("TEMPLATE does not apply to a remote model: the upstream engine applies its own chat "
+                           "template")
+    try:
+        ep = RemoteEndpoint.parse(from_, settings)
+    except EndpointError as e:
+        raise InvalidModel(str(e)) from e
+    return ModelConfig(model_format="remote", model_family="remote", model_families=["remote"],
+                       extra={"remote": ep.to_json()})
 
 
 def _weights_layers(store: "ModelStore", files: dict[str, str]) -> tuple[list[Layer], ModelConfig, str]:

@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...backends.remote.endpoint import SETTING_KEYS as REMOTE_SETTING_KEYS
+
 log = logging.getLogger(__name__)
 
 # Ollama's api.Options / api.Runner keys and their Go types.
@@ -168,6 +170,7 @@ def parse_modelfile(text: str) -> ModelfileSpec:
     """Parse Modelfile text (instructions case-insensitive, `#` comments, quoted values)."""
     spec = ModelfileSpec()
     raw_params: dict[str, Any] = {}
+    remote: dict[str, Any] = {}
     pos, n = 0, len(text)
     while pos < n:
         lineno = text.count("\n", 0, pos) + 1
@@ -194,9 +197,11 @@ def parse_modelfile(text: str) -> ModelfileSpec:
                 pos += 1
             value, pos = _read_value(text, pos, lineno)
             if inst == "parameter":
-                if key not in PARAMETER_KEYS:
+                if key in REMOTE_SETTING_KEYS:  # a remote model's connection settings, checked by create
+                    remote[key] = value
+                elif key not in PARAMETER_KEYS:
                     raise ModelfileError(f"line {lineno}: unknown parameter '{key}'")
-                if key == "stop":
+                elif key == "stop":
                     raw_params.setdefault("stop", []).append(value)
                 else:
                     raw_params[key] = value
@@ -223,7 +228,7 @@ def parse_modelfile(text: str) -> ModelfileSpec:
         nl = text.find("\n", pos)
         pos = n if nl == -1 else nl + 1
     try:
-        spec.parameters = format_params(raw_params)
+        spec.parameters = {**format_params(raw_params), **remote}
     except InvalidParameter as e:
         raise ModelfileError(str(e)) from e
     if spec.from_ is None:

@@ -55,3 +55,4 @@ class ResolvedModel:
     capabilities: list[str] = field(default_factory=list)
     modified_at: str = ""
     size: int = 0
+    remote: dict[str, Any] | None = None  # a remote model's endpoint (RemoteEndpoint.to_json); no weights then

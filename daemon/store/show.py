@@ -20,6 +20,8 @@ _HIDDEN_KEYS = ("general.name", "tokenizer.chat_template")  # Ollama leaves thes
 def show_model(store: "ModelStore", name: str, *, verbose: bool = False, system: str | None = None) -> dict[str, Any]:
     """Ollama's ShowResponse for `name`; raises ModelNotFound / InvalidName like resolve."""
     resolved = store.resolve(name)
+    if resolved.remote is not None:
+        return _show_remote(resolved, system)
     manifest = store.manifest(name)
     info = store.weights_info(manifest, full=verbose)
     model_info: dict[str, Any] = {k: v for k, v in info.metadata.items() if k not in _HIDDEN_KEYS}
@@ -51,4 +53,29 @@ def show_model(store: "ModelStore", name: str, *, verbose: bool = False, system:
         body["messages"] = resolved.messages
     if verbose:
         body["tensors"] = info.tensors
+    return body
+
+
+def _show_remote(resolved: Any, system: str | None) -> dict[str, Any]:
+    """A remote model: its endpoint in model_info and the Modelfile (the key's variable name, never the key)."""
+    from ...backends.remote import RemoteEndpoint  # noqa: PLC0415
+
+    ep = RemoteEndpoint.from_json(resolved.remote)
+    sys_text = system if system is not None else (resolved.system or "")
+    shown = {**ep.settings(), **resolved.params}
+    model_info: dict[str, Any] = {"general.architecture": "remote", "remote.url": ep.url,
+                                  "remote.endpoint": ep.base_url, "remote.model": ep.model}
+    if ep.api_key_env:
+        model_info["remote.api_key_env"] = ep.api_key_env
+    body: dict[str, Any] = {
+        "license": "\n".join(resolved.license),
+        "modelfile": render_modelfile(from_=ep.url, display_name=resolved.name, template=None, system=sys_text,
+                                      params=shown, messages=resolved.messages, licenses=resolved.license,
+                                      header_lines=[f"remote model served by {ep.base_url}"]),
+        "parameters": parameters_text(shown), "template": "", "system": sys_text, "details": resolved.details,
+        "model_info": model_info, "capabilities": resolved.capabilities, "modified_at": resolved.modified_at,
+        "remote": True,
+    }
+    if resolved.messages:
+        body["messages"] = resolved.messages
     return body

@@ -210,6 +210,8 @@ class ModelStore:
         manifest, data = self._load(found)
         digest = hashlib.sha256(data).hexdigest()
         cfg = self.config(manifest)
+        if isinstance(cfg.extra.get("remote"), dict):
+            return self._resolve_remote(found, manifest, digest, cfg)
         model_layer = manifest.first(MT_MODEL)
         if model_layer is not None:
             model_path, fmt = self.blob_path(model_layer.digest), "gguf"
@@ -236,6 +238,21 @@ class ModelStore:
             bos_token=info.bos_token, eos_token=info.eos_token, context_length=int(ctx) if isinstance(ctx, (int, float)) else None,
             capabilities=caps, modified_at=rfc3339(mtime), size=manifest.size,
         )
+
+    def remote(self, name: str) -> dict[str, Any] | None:
+        """A remote model's endpoint (the config blob's `remote`), None for a local model."""
+        manifest = self._load(self._require(name))[0]
+        remote = self.config(manifest).extra.get("remote")
+        return remote if isinstance(remote, dict) else None
+
+    def _resolve_remote(self, found: _Found, manifest: Manifest, digest: str, cfg: ModelConfig) -> ResolvedModel:
+        return ResolvedModel(
+            name=found.name.display(), full_name=found.name.full(), digest=digest, model_path=Path(), format="remote",
+            template=None, system=self.layer_text(manifest, MT_SYSTEM), params=self.layer_json(manifest, MT_PARAMS, {}),
+            messages=self.layer_json(manifest, MT_MESSAGES, []), license=self.licenses(manifest),
+            details=self._details(manifest, cfg), synthetic=False, read_only=found.read_only,
+            capabilities=["completion", "tools"], modified_at=rfc3339(found.path.stat().st_mtime_ns),
+            size=manifest.size, remote=dict(cfg.extra["remote"]))
 
     def layer_text(self, manifest: Manifest, *media_types: str) -> str | None:
         """Text of the first layer of one of `media_types` (TEMPLATE, SYSTEM, ...), or None."""

@@ -1,0 +1,370 @@
+"""Serving a remote model: each endpoint's request goes to the upstream engine, never through our engine.
+
+/api/chat -> /v1/chat/completions, /api/generate -> /v1/completions (raw, suffix) or chat (templated),
+/api/embed -> /v1/embeddings, /v1/* passed through with the model name rewritten. Upstream SSE is relayed
+chunk by chunk; whichever way a response ends, the upstream response is closed, so a client that leaves
+stops the upstream generation too.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ...backends.remote import RemoteEndpoint, UpstreamError, UpstreamStream
+from .errors import APIError
+from .generation import normalise, now_rfc3339, parse_keep_alive, rfc3339
+from .remote_convert import Reader, chat_messages, response_format, sampling, thinking
+from .remote_hub import PS_CHECK_S, PS_FAILED_TTL_S, RemoteModel, RemoteRun, hub_of, lookup
+
+__all__ = ["lookup", "chat", "generate", "embed", "embeddings", "v1", "ps_rows", "show_info"]
+NDJSON = "application/x-ndjson"
+
+
+def _err(rm: RemoteModel, e: UpstreamError) -> APIError:
+    return APIError(e.status, f"remote model '{rm.name}': {e.message}")
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+
+
+class _UpstreamResponse(StreamingResponse):
+    """Closes the upstream response however ours ends (done, error, client gone), and records the end."""
+
+    def __init__(self, content: AsyncIterator[bytes], up: UpstreamStream, run: RemoteRun, media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self.up, self.run = up, run
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.up.aclose()
+            self.run.finish("abort")  # a no-op when the stream finished
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive()).get("type") != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: Request, work: Awaitable[Any], on_gone: Callable[[], Awaitable[None]]) -> Any:
+    """Await `work` (a non-streamed answer) unless the client leaves first: then cancel it, call `on_gone`."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await on_gone()
+        raise APIError(499, "the client disconnected")
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+
+
+async def _open(request: Request, rm: RemoteModel, run: RemoteRun, path: str, body: dict[str, Any],
+                reader: Reader) -> UpstreamStream:
+    hub = hub_of(request)
+    await hub.ensure(request, rm)
+    run.emit("queued")
+    reader.t_sent = time.perf_counter_ns()  # prompt_eval_duration: from here to the first token
+    try:
+        up = await hub.upstream(rm.endpoint).open_stream(path, body)
+    except UpstreamError as e:
+        if e.status in (502, 504):
+            hub.forget(rm.endpoint)
+        run.finish("error")
+        raise _err(rm, e) from None
+    run.emit("scheduled")
+    return up
+
+
+async def _pieces(request: Request, rm: RemoteModel, run: RemoteRun, up: UpstreamStream,
+                  reader: Reader) -> AsyncIterator[tuple[str, str]]:
+    """(content, thinking) per upstream chunk, published as token events; upstream failures -> APIError."""
+    try:
+        async for obj in up.events():
+            content, think = reader.feed(obj)
+            if content or think:
+                run.token(content or think)
+                yield content, think
+    except UpstreamError as e:
+        hub_of(request).forget(rm.endpoint)
+        run.finish("error")
+        raise _err(rm, e) from None
+    run.finish(reader.done_reason, reader.prompt_tokens, reader.output_tokens)
+
+
+async def _relay(request: Request, rm: RemoteModel, run: RemoteRun, path: str, body: dict[str, Any], stream: bool,
+                 shape: Callable[..., dict[str, Any]], t0: int) -> Response:
+    """Run one upstream stream and answer in Ollama's shape: NDJSON pieces, or one object (`stream: false`)."""
+    reader = Reader(t0)
+    up = await _open(request, rm, run, path, body, reader)
+    if not stream:
+        async def whole() -> dict[str, Any]:
+            parts: list[tuple[str, str]] = [p async for p in _pieces(request, rm, run, up, reader)]
+            return shape("".join(c for c, _ in parts), "".join(t for _, t in parts), reader.tool_calls(),
+                         {"done": True, "done_reason": reader.done_reason, **reader.metrics()})
+
+        try:
+            return JSONResponse(await _unless_gone(request, whole(), up.aclose))
+        finally:
+            await up.aclose()
+            run.finish("abort")
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for content, think in _pieces(request, rm, run, up, reader):
+                yield _line(shape(content, think, None, {"done": False}))
+            calls = reader.tool_calls()
+            if calls:
+                yield _line(shape("", "", calls, {"done": False}))
+            yield _line(shape("", "", None, {"done": True, "done_reason": reader.done_reason, **reader.metrics()}))
+        except APIError as e:
+            yield _line({"error": e.message})
+
+    return _UpstreamResponse(lines(), up, run, NDJSON)
+
+
+def _chat_shape(model: str) -> Callable[..., dict[str, Any]]:
+    def shape(content: str, think: str, calls: list | None, tail: dict[str, Any]) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if think:
+            msg["thinking"] = think
+        if calls:
+            msg["tool_calls"] = calls
+        return {"model": model, "created_at": now_rfc3339(), "message": msg, **tail}
+    return shape
+
+
+def _generate_shape(model: str) -> Callable[..., dict[str, Any]]:
+    def shape(content: str, think: str, calls: list | None, tail: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": model, "created_at": now_rfc3339(), "response": content}
+        if think:
+            out["thinking"] = think
+        return {**out, **tail}
+    return shape
+
+
+async def _loaded(request: Request, rm: RemoteModel, model: str, keep_alive: Any, shape: dict[str, Any]) -> JSONResponse:
+    """Empty prompt/messages: check the upstream ("load"); keep_alive 0 answers "unload" (nothing is held)."""
+    reason = "unload" if parse_keep_alive(keep_alive) == 0 else "load"
+    if reason == "load":
+        await hub_of(request).ensure(request, rm)
+    return JSONResponse({"model": model, "created_at": now_rfc3339(), **shape, "done": True, "done_reason": reason})
+
+
+def _no_logprobs(req: Any) -> None:
+    if req.logprobs or req.top_logprobs:
+        raise APIError(400, "logprobs are not supported for remote models yet")
+
+
+def _ollama_body(rm: RemoteModel, req: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": rm.endpoint.model, "stream": True, "stream_options": {"include_usage": True},
+                            **sampling(req.options, rm.params)}
+    fmt = response_format(req.format)
+    if fmt is not None:
+        body["response_format"] = fmt
+    return body
+
+
+async def chat(request: Request, rm: RemoteModel, req: Any, t0: int) -> Response:
+    """/api/chat for a remote model -> upstream /v1/chat/completions."""
+    _no_logprobs(req)
+    if not req.messages:
+        return await _loaded(request, rm, req.model, req.keep_alive, {"message": {"role": "assistant", "content": ""}})
+    body = {**_ollama_body(rm, req), "messages": chat_messages(req.messages, rm.system, rm.messages),
+            **thinking(req.think)}
+    if req.tools:
+        body["tools"] = req.tools
+    run = RemoteRun(request, rm, "/api/chat", json.dumps(body["messages"], ensure_ascii=False))
+    return await _relay(request, rm, run, "/chat/completions", body, req.stream is not False, _chat_shape(req.model), t0)
+
+
+async def generate(request: Request, rm: RemoteModel, req: Any, t0: int) -> Response:
+    """/api/generate: raw prompts and suffixes (FIM) -> upstream /v1/completions; templated -> chat."""
+    _no_logprobs(req)
+    if req.images:
+        raise APIError(400, "images are not supported for remote models yet")
+    if req.template or req.context:
+        raise APIError(400, "template and context do not apply to a remote model (the upstream engine applies its "
+                            "own template; send the conversation to /api/chat)")
+    if not req.prompt and not req.suffix:
+        return await _loaded(request, rm, req.model, req.keep_alive, {"response": ""})
+    body = _ollama_body(rm, req)
+    if req.raw or req.suffix:
+        path, body["prompt"] = "/completions", req.prompt or ""
+        if req.suffix:
+            body["suffix"] = req.suffix
+    else:
+        path = "/chat/completions"
+        body["messages"] = chat_messages([{"role": "user", "content": req.prompt}], req.system or rm.system, [])
+        body.update(thinking(req.think))
+    run = RemoteRun(request, rm, "/api/generate", req.prompt)
+    return await _relay(request, rm, run, path, body, req.stream is not False, _generate_shape(req.model), t0)
+
+
+async def _embeddings(request: Request, rm: RemoteModel, inputs: list[str]) -> tuple[list[np.ndarray], int]:
+    hub = hub_of(request)
+    await hub.ensure(request, rm)
+    try:
+        out = await hub.upstream(rm.endpoint).post_json("/embeddings", {"model": rm.endpoint.model, "input": inputs})
+    except UpstreamError as e:
+        if e.status in (502, 504):
+            hub.forget(rm.endpoint)
+        raise _err(rm, e) from None
+    data = sorted((d for d in out.get("data") or [] if isinstance(d, dict)), key=lambda d: d.get("index", 0))
+    if len(data) != len(inputs) or not all(isinstance(d.get("embedding"), list) for d in data):
+        raise APIError(502, f"remote model '{rm.name}': the upstream engine answered /embeddings with "
+                            f"{len(data)} vectors for {len(inputs)} inputs (or not as float lists)")
+    usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
+    return [np.asarray(d["embedding"], dtype=np.float32) for d in data], int(usage.get("prompt_tokens") or 0)
+
+
+async def embed(request: Request, rm: RemoteModel, req: Any, t0: int) -> JSONResponse:
+    """/api/embed -> upstream /v1/embeddings; vectors cut to `dimensions` and L2-normalised here, as local ones."""
+    inputs = req.input
+    if isinstance(inputs, str):
+        inputs = [inputs] if inputs else []
+    elif inputs is None:
+        inputs = []
+    elif not isinstance(inputs, list) or not all(isinstance(s, str) for s in inputs):
+        raise APIError(400, "invalid input type")
+    if req.dimensions is not None and req.dimensions < 1:
+        raise APIError(400, f"dimensions must be a positive integer, got {req.dimensions}")
+    if not inputs:
+        return JSONResponse({"model": req.model, "embeddings": []})
+    vectors, count = await _embeddings(request, rm, inputs)
+    return JSONResponse({"model": req.model, "embeddings": [normalise(v, req.dimensions) for v in vectors],
+                         "total_duration": time.perf_counter_ns() - t0, "load_duration": 0, "prompt_eval_count": count})
+
+
+async def embeddings(request: Request, rm: RemoteModel, req: Any) -> JSONResponse:
+    """Legacy /api/embeddings: one prompt, the upstream's vector as it comes."""
+    if not req.prompt:
+        return JSONResponse({"embedding": []})
+    vectors, _ = await _embeddings(request, rm, [req.prompt])
+    return JSONResponse({"embedding": [float(x) for x in vectors[0].astype("float64")]})
+
+
+async def v1(request: Request, rm: RemoteModel, path: str) -> Response:
+    """/v1/{chat/completions,completions,embeddings} passed through: the model renamed both ways, the model's
+    PARAMETERs and SYSTEM as defaults, SSE relayed line by line."""
+    body = json.loads(await request.body())  # the handler has validated it
+    asked, body["model"] = body.get("model"), rm.endpoint.model
+    if path == "/embeddings":
+        vectors_out = await _v1_json(request, rm, path, body, None)
+        return JSONResponse({**vectors_out, "model": asked})
+    for key, value in sampling(None, rm.params).items():
+        body.setdefault(key, value)
+    if path == "/chat/completions" and rm.system and not any(
+            isinstance(m, dict) and m.get("role") in ("system", "developer") for m in body.get("messages") or []):
+        body["messages"] = [{"role": "system", "content": rm.system}, *body.get("messages", [])]
+    run = RemoteRun(request, rm, "/v1" + path, json.dumps(body.get("messages") or body.get("prompt"),
+                                                         ensure_ascii=False))
+    if body.get("stream") is not True:
+        out = await _v1_json(request, rm, path, body, run)
+        return JSONResponse({**out, "model": asked})
+    reader = Reader(time.perf_counter_ns())
+    up = await _open(request, rm, run, path, body, reader)
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            async for obj in up.events():
+                text, think = reader.feed(obj)
+                if text or think:
+                    run.token(text or think)
+                yield f"data: {json.dumps({**obj, 'model': asked}, ensure_ascii=False)}\n\n".encode()
+            run.finish(reader.done_reason, reader.prompt_tokens, reader.output_tokens)
+        except UpstreamError as e:
+            hub_of(request).forget(rm.endpoint)
+            run.finish("error")
+            err = {"error": {"message": _err(rm, e).message, "type": "api_error", "param": None, "code": None}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return _UpstreamResponse(events(), up, run, "text/event-stream")
+
+
+async def _v1_json(request: Request, rm: RemoteModel, path: str, body: dict[str, Any],
+                   run: RemoteRun | None) -> dict[str, Any]:
+    """A non-streamed upstream call; the upstream request is dropped if our client leaves first."""
+    hub = hub_of(request)
+    await hub.ensure(request, rm)
+    if run is not None:
+        run.emit("queued")
+    try:
+        out = await _unless_gone(request, hub.upstream(rm.endpoint).post_json(path, body), _noop)
+    except UpstreamError as e:
+        if e.status in (502, 504):
+            hub.forget(rm.endpoint)
+        if run is not None:
+            run.finish("error")
+        raise _err(rm, e) from None
+    except BaseException:
+        if run is not None:
+            run.finish("abort")
+        raise
+    if run is not None:
+        usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
+        choices = out.get("choices") or [{}]
+        reason = "length" if isinstance(choices[0], dict) and choices[0].get("finish_reason") == "length" else "stop"
+        run.finish(reason, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+    return out
+
+
+async def _noop() -> None:
+    return None
+
+
+async def ps_rows(request: Request) -> list[dict[str, Any]]:
+    """/api/ps rows for the remote models whose upstream answers now (a short check, cached while healthy)."""
+    ctx, hub = request.app.state.ctx, hub_of(request)
+    find = getattr(ctx.store, "remote", None)
+    if find is None:
+        return []
+    models = [m for m in await asyncio.to_thread(ctx.store.list_models) if m["details"].get("format") == "remote"]
+
+    async def row(m: dict[str, Any]) -> dict[str, Any] | None:
+        spec = await asyncio.to_thread(find, m["name"])
+        if spec is None:
+            return None
+        try:
+            h = await asyncio.wait_for(hub.check(RemoteEndpoint.from_json(spec), PS_FAILED_TTL_S), PS_CHECK_S)
+        except (asyncio.TimeoutError, ValueError):
+            return None
+        if not h.ok:
+            return None
+        return {"name": m["name"], "model": m["name"], "size": 0, "digest": m["digest"],
+                "details": {**m["details"], "parent_model": ""}, "expires_at": rfc3339(float("inf")),
+                "size_vram": 0, "context_length": h.context_length or 0}
+
+    return [r for r in await asyncio.gather(*(row(m) for m in models)) if r is not None]
+
+
+async def show_info(request: Request, name: str, info: dict[str, Any]) -> None:
+    """Live facts for /api/show of a remote model: reachable now, the engine, the context length it reports."""
+    rm = await lookup(request, name)
+    if rm is None:
+        return
+    try:
+        h = await asyncio.wait_for(hub_of(request).check(rm.endpoint, PS_FAILED_TTL_S), PS_CHECK_S)
+    except asyncio.TimeoutError:
+        h = None
+    mi = info.setdefault("model_info", {})
+    mi["remote.reachable"] = bool(h and h.ok)
+    if h is not None and h.ok:
+        mi["remote.engine"] = h.engine
+        if h.context_length:
+            mi["remote.context_length"] = h.context_length
+    elif h is not None and h.error is not None:
+        mi["remote.error"] = h.error.message

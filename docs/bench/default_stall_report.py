@@ -1,0 +1,95 @@
+"""Render docs/bench/default_stall.json (from default_stall.py) as the markdown tables of docs/performance.md.
+
+    python docs/bench/default_stall_report.py [docs/bench/default_stall.json] > docs/bench/default_stall.md
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BLOCK = 16  # evenflow's KV block size: step events count blocks (older events carry no "held")
+
+
+def f(x, nd=1) -> str:
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def sb_cells(sb: dict) -> list[str]:
+    w = sb.get("windows", {})
+    b, d, a = w.get("baseline", {}), w.get("during_prefill", {}), w.get("after", {})
+    long = sb.get("long", {})
+    return [f"{f(d.get('p50_ms'))} / **{f(d.get('p99_ms'))}** / {f(d.get('max_ms'))}",
+            f"**{f(long.get('ttft_s'), 2)}**", f"{f(b.get('mean_ms'))} / {f(a.get('mean_ms'))}",
+            str(long.get("server_prompt_tokens") or long.get("est_prompt_tokens") or "–")]
+
+
+def eb_cells(eb: dict) -> list[str]:
+    w = eb.get("windows") or {}
+    d = w.get("during_ms", {})
+    long = eb.get("long") or {}
+    ttft = long.get("ttft")
+    b, a = w.get("before_ms", {}), w.get("after_ms", {})
+    return [f"{f(d.get('p50'))} / **{f(d.get('p99'))}** / {f(d.get('max'))}", f"**{f(ttft, 2)}**",
+            f"{f(b.get('mean'))} / {f(a.get('mean'))}", str(long.get("prompt_tokens") or "–")]
+
+
+def load_cell(row: dict) -> str:
+    ld = row.get("load", {})
+    la = ld.get("loadavg_start", [None])[0], ld.get("loadavg_end", [None])[0]
+    return f"{f(la[0])}→{f(la[1])}, {f(ld.get('cpu_pressure_pct'), 0)}%"
+
+
+def stall_table(rows: list[dict]) -> list[str]:
+    out = ["| L | server | client | P50 / P99 / max gap during ingestion (ms) | long-prompt TTFT (s) | "
+           "mean gap before / after (ms) | prompt tokens | load avg start→end, CPU pressure |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in rows if r["scenario"] == "stall"), key=lambda r: (r["L"], r["server"] != "evenflow")):
+        if "stream_bench" in r:
+            out.append("| " + " | ".join([str(r["L"]), r["server"], "stream_bench", *sb_cells(r["stream_bench"]),
+                                          load_cell(r)]) + " |")
+        if "evenflow_bench" in r:
+            out.append("| " + " | ".join([str(r["L"]), r["server"], "evenflow bench", *eb_cells(r["evenflow_bench"]),
+                                          load_cell(r)]) + " |")
+    return out
+
+
+def alone_table(rows: list[dict]) -> list[str]:
+    out = ["| L | server | TTFT (s) | load avg start→end, CPU pressure |", "|---|---|---|---|"]
+    for r in sorted((r for r in rows if r["scenario"] == "prefill"), key=lambda r: (r["L"], r["server"] != "evenflow")):
+        long = r.get("stream_bench", {}).get("long", {})
+        out.append(f"| {r['L']} | {r['server']} | **{f(long.get('ttft_s'), 2)}** | {load_cell(r)} |")
+    return out
+
+
+def step_cost_table(rows: list[dict]) -> list[str]:
+    """Decode-only steps of 4 sequences, by the tokens the unified cache holds (running + cached prefixes)."""
+    bins: dict[tuple[int, int], list[float]] = {}
+    for r in rows:
+        for s in r.get("steps", []):
+            if s.get("decodes") == 4 and s.get("prefill_tokens") == 0:
+                held = s.get("held") if s.get("held") is not None else s["kv_used"] * BLOCK
+                key = (r["L"], min(b for b in (512, 1024, 2048, 4096, 8192, 12288, 16384, 20480) if held <= b))
+                bins.setdefault(key, []).append(s["forward_ms"])
+    out = ["| daemon run (L) | tokens in the cache (≤) | steps | median llama_decode (ms) | P90 (ms) |",
+           "|---|---|---|---|---|"]
+    for (L, b), v in sorted(bins.items()):
+        v.sort()
+        out.append(f"| {L} | {b} | {len(v)} | {statistics.median(v):.1f} | {v[int(0.9 * (len(v) - 1))]:.1f} |")
+    return out
+
+
+def main() -> None:
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "default_stall.json"
+    d = json.loads(path.read_text())
+    rows = d["rows"]
+    print(f"CPU: {d.get('cpu', '?')}\n")
+    print("\n".join(stall_table(rows)) + "\n")
+    print("\n".join(alone_table(rows)) + "\n")
+    print("\n".join(step_cost_table(rows)))
+
+
+if __name__ == "__main__":
+    main()

@@ -73,8 +73,7 @@ def evenflow_bench(url: str, L: int, seconds: float) -> dict:
         if not Path(f.name).stat().st_size:
             return {"error": p.stderr[-2000:]}
         full = json.loads(Path(f.name).read_text())
-        return {k: full.get(k) for k in ("summary", "windows", "warnings", "config", "calibration")} | {
-            "long": next((r for r in full.get("records", []) if r.get("kind") == "long"), None)}
+        return {k: full.get(k) for k in ("summary", "stall", "warnings", "config", "calibration")}
 
 
 def run_evenflow(gguf: Path, L: int, scenario: str, clients: list[str], seconds: float, seed: int) -> dict:

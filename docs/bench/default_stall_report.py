@@ -13,6 +13,9 @@ HERE = Path(__file__).resolve().parent
 BLOCK = 16  # evenflow's KV block size: step events count blocks (older events carry no "held")
 
 
+EDGES = (512, 1024, 2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384, 20480, 24576, 32768)
+
+
 def f(x, nd=1) -> str:
     return "–" if x is None else f"{x:.{nd}f}"
 
@@ -27,13 +30,13 @@ def sb_cells(sb: dict) -> list[str]:
 
 
 def eb_cells(eb: dict) -> list[str]:
-    w = eb.get("windows") or {}
-    d = w.get("during_ms", {})
-    long = eb.get("long") or {}
-    ttft = long.get("ttft")
-    b, a = w.get("before_ms", {}), w.get("after_ms", {})
-    return [f"{f(d.get('p50'))} / **{f(d.get('p99'))}** / {f(d.get('max'))}", f"**{f(ttft, 2)}**",
-            f"{f(b.get('mean'))} / {f(a.get('mean'))}", str(long.get("prompt_tokens") or "–")]
+    st = eb.get("stall") or {}
+    w = st.get("windows") or {}
+    d, b, a = w.get("during_ms", {}), w.get("before_ms", {}), w.get("after_ms", {})
+    ttft = st.get("long_ttft_ms")
+    return [f"{f(d.get('p50'))} / **{f(d.get('p99'))}** / {f(d.get('max'))}",
+            f"**{f(ttft / 1e3 if ttft else None, 2)}**", f"{f(b.get('mean'))} / {f(a.get('mean'))}",
+            str(st.get("long_prompt_tokens") or "–")]
 
 
 def load_cell(row: dict) -> str:
@@ -57,27 +60,31 @@ def stall_table(rows: list[dict]) -> list[str]:
 
 
 def alone_table(rows: list[dict]) -> list[str]:
-    out = ["| L | server | TTFT (s) | load avg start→end, CPU pressure |", "|---|---|---|---|"]
+    out = ["| L | server | TTFT (s) | prompt tokens | load avg start→end, CPU pressure |", "|---|---|---|---|---|"]
     for r in sorted((r for r in rows if r["scenario"] == "prefill"), key=lambda r: (r["L"], r["server"] != "evenflow")):
-        long = r.get("stream_bench", {}).get("long", {})
-        out.append(f"| {r['L']} | {r['server']} | **{f(long.get('ttft_s'), 2)}** | {load_cell(r)} |")
+        s = next((x for x in r.get("stream_bench", {}).get("streams", []) if x.get("role") == "long"), {})
+        out.append(f"| {r['L']} | {r['server']} | **{f(s.get('ttft_s'), 2)}** | {s.get('server_prompt_tokens', '–')} | "
+                   f"{load_cell(r)} |")
     return out
 
 
 def step_cost_table(rows: list[dict]) -> list[str]:
-    """Decode-only steps of 4 sequences, by the tokens the unified cache holds (running + cached prefixes)."""
-    bins: dict[tuple[int, int], list[float]] = {}
+    """Steps with 4 decodes, by the tokens the unified cache held before them (running + cached prefixes)."""
+    bins: dict[tuple[int, int], tuple[list[float], list[tuple[int, float]]]] = {}
     for r in rows:
         for s in r.get("steps", []):
-            if s.get("decodes") == 4 and s.get("prefill_tokens") == 0:
-                held = s.get("held") if s.get("held") is not None else s["kv_used"] * BLOCK
-                key = (r["L"], min(b for b in (512, 1024, 2048, 4096, 8192, 12288, 16384, 20480) if held <= b))
-                bins.setdefault(key, []).append(s["forward_ms"])
-    out = ["| daemon run (L) | tokens in the cache (≤) | steps | median llama_decode (ms) | P90 (ms) |",
-           "|---|---|---|---|---|"]
-    for (L, b), v in sorted(bins.items()):
-        v.sort()
-        out.append(f"| {L} | {b} | {len(v)} | {statistics.median(v):.1f} | {v[int(0.9 * (len(v) - 1))]:.1f} |")
+            if s.get("decodes") != 4 or s.get("held") is None:
+                continue
+            key = (r["L"], next((e for e in EDGES if s["held"] <= e), EDGES[-1] * 2))
+            dec, mix = bins.setdefault(key, ([], []))
+            (mix.append((s["prefill_tokens"], s["forward_ms"])) if s["prefill_tokens"] else dec.append(s["forward_ms"]))
+    out = ["| daemon run (L) | tokens held (≤) | 4 decodes alone: steps, median ms | 4 decodes + a chunk: steps, "
+           "median chunk, median ms |", "|---|---|---|---|"]
+    med = statistics.median
+    for (L, e), (dec, mix) in sorted(bins.items()):
+        a = f"{len(dec)}, {med(dec):.1f}" if dec else "–"
+        m = f"{len(mix)}, {med(p for p, _ in mix):.0f}, {med(t for _, t in mix):.1f}" if mix else "–"
+        out.append(f"| {L} | {e} | {a} | {m} |")
     return out
 
 

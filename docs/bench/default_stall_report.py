@@ -50,11 +50,12 @@ def stall_table(rows: list[dict]) -> list[str]:
            "mean gap before / after (ms) | prompt tokens | load avg start→end, CPU pressure |",
            "|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in rows if r["scenario"] == "stall"), key=lambda r: (r["L"], r["server"] != "evenflow")):
+        server = f"{r['server']} @ {r.get('git', '?')}" if r["server"] == "evenflow" else r["server"]
         if "stream_bench" in r:
-            out.append("| " + " | ".join([str(r["L"]), r["server"], "stream_bench", *sb_cells(r["stream_bench"]),
+            out.append("| " + " | ".join([str(r["L"]), server, "stream_bench", *sb_cells(r["stream_bench"]),
                                           load_cell(r)]) + " |")
         if "evenflow_bench" in r:
-            out.append("| " + " | ".join([str(r["L"]), r["server"], "evenflow bench", *eb_cells(r["evenflow_bench"]),
+            out.append("| " + " | ".join([str(r["L"]), server, "evenflow bench", *eb_cells(r["evenflow_bench"]),
                                           load_cell(r)]) + " |")
     return out
 

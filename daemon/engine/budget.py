@@ -197,4 +197,3 @@ class AdaptiveBudget:
         if self.coef is None:
             return float("nan")
         return float(self.coef @ np.array(self._features(num_decodes, prefill_tokens, attention_work)))
-

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from evenflow.daemon.engine.budget import AdaptiveBudget, FixedBudget, StepCost
 
@@ -121,3 +122,29 @@ def test_shared_kv_chunks_hold_the_target_when_every_query_attends_the_whole_cac
     h = held
     c_old = old.prefill_budget(4, 4 * 300, h - 4 * 300)
     assert cost(CPU, 4, c_old, (4 + c_old) * (h + 4 + c_old)) > 0.150
+
+
+def shared_kv_run(pol, steps, slow=lambda i: 1.0, held=1200, d=4):
+    """D decodes while a prompt is ingested into a shared cache; `slow(i)` scales step i's cost."""
+    out = []
+    for i in range(steps):
+        chunk = pol.prefill_budget(d, d * (held + d), held + 2 * d - 1, quad=1.0)
+        w = (d + chunk) * (held + d + chunk)
+        t = cost(CPU, d, chunk, w) * slow(i)
+        pol.observe(StepCost(d, chunk, w, t))
+        out.append((chunk, t))
+        held += d + chunk
+    return out
+
+
+@pytest.mark.parametrize("burst", [15, 150])
+def test_recovers_from_a_burst_of_contention(burst):
+    """Another process slows steps 50x (as seen on a shared 2-core machine), for 15 steps or for longer than the
+    fit's window: once steps cost what they did, chunks must grow back, not stay on the floor (a fit pulled up
+    by the burst, or a window left with one chunk size and a stale fit, kept them there)."""
+    pol = AdaptiveBudget(150, max_tokens=2048, tile=1, floor=4)
+    trace = shared_kv_run(pol, 40 + burst + 60, slow=lambda i: 50.0 if 40 <= i < 40 + burst else 1.0)
+    assert min(c for c, _ in trace[30:40]) > 8
+    recovered = trace[40 + burst + 20:]
+    assert min(c for c, _ in recovered) > 8  # back above the floor within 20 steps
+    assert all(t <= 0.150 + 1e-9 for _, t in recovered)

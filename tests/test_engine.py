@@ -198,3 +198,23 @@ def test_threaded_engine_streams_async():
         assert eng.idle
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_step_events_carry_the_tokens_a_shared_cache_holds(shared):
+    """/api/events steps report `held` (what every query attends on llama.cpp's unified cache) for shared-KV runners
+    only: before each step, the running sequences' computed tokens plus cached prefixes nobody runs."""
+    runner = ToyRunner()
+    runner.shared_kv = shared
+    eng = Engine(runner, EngineConfig(max_num_batched_tokens=16))
+    steps: list[dict] = []
+    eng.subscribe(lambda e: steps.append(e) if e["type"] == "step" else None)
+    list(run_scenario(eng, [(0, list(range(1, 41)), SamplingParams(temperature=0, num_predict=5))]))
+    held = [s["held"] for s in steps]
+    if not shared:
+        assert held == [None] * len(steps)
+        return
+    # a 40-token prompt in 16-token chunks, then decodes: each step holds what the steps before computed
+    computed = [s["prefill_tokens"] + s["decodes"] for s in steps]
+    assert held[:4] == [0, 16, 32, 40] and computed[:3] == [16, 16, 8]
+    assert all(held[i + 1] == held[i] + computed[i] for i in range(len(steps) - 2))

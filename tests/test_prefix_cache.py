@@ -173,3 +173,37 @@ def test_a_thousand_mixed_requests_with_aborts_and_preemptions_leak_nothing():
     assert all(bm.refcount(b) == 0 for b in range(bm.num_blocks)), "a block is still referenced"
     assert bm.num_used == 0 and bm.num_free == bm.num_blocks
     assert eng.stats().cache_hit_tokens == events["cached"] > 0 and 0 < eng.stats().cache_hit_rate < 1
+
+
+def test_shared_kv_cache_keeps_few_cached_tokens_while_others_run():
+    """llama.cpp's unified cache: every query attends cached prefixes nobody runs. While sequences run, the
+    engine keeps at most as many cached tokens as they hold (>= MIN_CACHED_TOKENS); with nobody running, all
+    of a finished document stays cached and a repeat of it hits."""
+    from evenflow.daemon.engine.scheduler import MIN_CACHED_TOKENS
+    from toy_runner import ToyRunner
+
+    runner = ToyRunner(num_kv_blocks=800, block_size=4, max_num_seqs=4, context_length=2048)
+    runner.shared_kv = True
+    eng = Engine(runner, EngineConfig(max_num_batched_tokens=512))
+    steps: list[dict] = []
+    eng.subscribe(lambda e: steps.append(e) if e["type"] == "step" else None)
+    rng = random.Random(1)
+    doc = [rng.randrange(1, 256) for _ in range(1600)]
+    greedy = SamplingParams(temperature=0, num_predict=2)
+
+    def run(prompt, params=greedy):
+        st_ = eng.submit(prompt, params, loop=None)
+        for _ in range(100_000):
+            if not eng.run_once():
+                return list(st_)
+        raise AssertionError("the engine never finished")
+
+    run(doc)
+    assert eng.blocks.num_cached_free * 4 >= 1590  # nobody ran meanwhile: the whole document stays cached
+    steps.clear()
+    run(doc + [7])
+    assert steps[0]["cached_tokens"] >= 1590  # ... and a repeat hits it
+    # now a short stream runs: the cached document beyond MIN_CACHED_TOKENS goes
+    run([3, 4, 5, 6], SamplingParams(temperature=0, num_predict=4))
+    assert eng.blocks.num_cached_free * 4 <= MIN_CACHED_TOKENS + 16
+    assert all(s["held"] <= MIN_CACHED_TOKENS + 64 for s in steps[-3:])

@@ -69,7 +69,9 @@ class AdaptiveBudget:
     when the number of decodes changed since the last mixed step; until enough distinct
     steps are seen, chunks
     grow geometrically from the floor to probe the curve; the window forgets old steps, so the fit
-    follows a cost that changes (thermal throttling, another process on the machine).
+    follows a cost that changes (thermal throttling, another process on the machine). Steps that took over
+    twice their predicted time (a burst of contention) are left out of the fit unless among the last 8, and a
+    window left with a single chunk size probes up from its last step's cost scaled by tokens.
     """
 
     def __init__(self, target_ms: float, max_tokens: int, tile: int = 16, floor: int = 16, window: int = 96,
@@ -88,11 +90,20 @@ class AdaptiveBudget:
         self._probe = self.floor
         self.decay = 0.95
         self._last_mix_decodes = -1
+        self._last_mix: tuple[int, int, float] | None = None  # (decodes, chunk, seconds) of the last mixed step
+        self._stale = False  # the window lost the variety of chunk sizes a fit needs
 
     def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0, quad: float = 0.5) -> int:
         room = self.max_tokens - num_decodes
         if num_decodes == 0:
             return room
+        if self._stale and self._last_mix is not None:
+            # Probe from the last mixed step: a step's cost grows at most in proportion to its tokens (the fixed
+            # part does not grow), so scaling its measured time gives a chunk that cannot overshoot the aim.
+            d0, p0, t0 = self._last_mix
+            chunk = self.margin * self.target / max(t0, 1e-9) * (d0 + p0) - num_decodes
+            chunk = int(min(chunk, room)) // self.tile * self.tile
+            return max(min(self.floor, room), min(chunk, room))
         if self.coef is None:
             return max(self.floor, min(self._probe, room))
         a, b, e, c, d = self.coef
@@ -121,7 +132,8 @@ class AdaptiveBudget:
         self._y.append(cost.seconds)
         if cost.num_decodes and cost.prefill_tokens:
             self._last_mix_decodes = cost.num_decodes
-        if cost.num_decodes and cost.prefill_tokens and self.coef is None:
+            self._last_mix = (cost.num_decodes, cost.prefill_tokens, cost.seconds)
+        if cost.num_decodes and cost.prefill_tokens and self.coef is None and not self._stale:
             # Probing before the fit: only mixed steps say anything about the prompt-token cost.
             over = cost.seconds > self.margin * self.target
             self._probe = max(self.floor, self._probe // 2) if over else min(self._probe * 2, self.max_tokens)
@@ -132,9 +144,39 @@ class AdaptiveBudget:
         X = np.array(self._rows)
         y = np.array(self._y)
         if np.linalg.matrix_rank(X) < 3 or len(set(X[:, 3])) < 2:
-            return  # not enough variety in chunk sizes yet to separate the prefill cost
+            # Every step in the window took the same chunk (the floor, say, after a burst of contention): the fit
+            # cannot tell what another size costs; rather than trust a stale fit for ever, probe (prefill_budget).
+            self._stale = self.coef is not None or self._stale
+            return
+        self._stale = False
         # Recent steps weigh more (half-life ~14 steps), so the fit follows the cost of what runs now.
         w = np.sqrt(self.decay ** np.arange(len(y))[::-1])
+        coef = self._lstsq(X, y, w)
+        # A burst of contention (another process taking the cores) makes some steps many times dearer; fitted,
+        # they pin chunks to the floor long after it ends. Contention only ever adds time, so refit without the
+        # steps that took over twice their predicted time, a few rounds; the last 8 steps always count, so a
+        # lasting slowdown is followed.
+        keep_recent = np.arange(len(y)) >= len(y) - 8
+        use = np.ones(len(y), dtype=bool)
+        for _ in range(3):
+            pred = X @ coef
+            nxt = (y - pred <= np.maximum(pred, 0.1 * self.target)) | keep_recent
+            if (nxt == use).all() or np.linalg.matrix_rank(X[nxt]) < 3 or len(set(X[nxt, 3])) < 2:
+                break
+            use = nxt
+            coef = self._lstsq(X[use], y[use], w[use])
+        X, y, w = X[use], y[use], w[use]
+        self.coef = coef
+        # Timing noise: aim one residual standard deviation below the target so the tail, not just the
+        # mean, stays under it; measured on the steps that carried a chunk, the ones being sized.
+        mixed = X[:, 3] > 0
+        r = (y - X @ self.coef)[mixed]
+        wm = (w ** 2)[mixed]
+        self.noise = float(np.sqrt(np.sum(wm * r ** 2) / np.sum(wm))) if len(r) >= 3 else 0.0
+
+    @staticmethod
+    def _lstsq(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Weighted least squares with every coefficient >= 0 (a negative cost is noise: refit without it)."""
         scale = np.maximum(np.abs(X).max(axis=0), 1e-12)  # columns span 1..1e6: normalise for lstsq
         Xs = X / scale
         keep = np.ones(X.shape[1], dtype=bool)
@@ -144,14 +186,8 @@ class AdaptiveBudget:
             coef[keep] = sub
             if not (coef < 0).any():
                 break
-            keep &= coef >= 0  # a negative cost is noise: refit without that term
-        self.coef = np.maximum(coef, 0.0) / scale
-        # Timing noise: aim one residual standard deviation below the target so the tail, not just the
-        # mean, stays under it; measured on the steps that carried a chunk, the ones being sized.
-        mixed = X[:, 3] > 0
-        resid = (y - X @ self.coef)[mixed]
-        wm = (w ** 2)[mixed]
-        self.noise = float(np.sqrt(np.sum(wm * resid ** 2) / np.sum(wm))) if len(resid) >= 3 else 0.0
+            keep &= coef >= 0
+        return np.maximum(coef, 0.0) / scale
 
     @staticmethod
     def _features(num_decodes: int, prefill_tokens: int, attention_work: int) -> tuple[float, ...]:

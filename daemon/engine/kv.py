@@ -157,6 +157,19 @@ class BlockManager:
             keys.append(block_key(keys[-1] if keys else b"", seq.tokens(j * bs, (j + 1) * bs)))
         return keys[i]
 
+    def evict_cached(self, keep: int) -> int:
+        """Evict least recently used cached free blocks until at most `keep` remain; returns how many went."""
+        n = 0
+        while len(self._lru) > max(keep, 0):
+            b, _ = self._lru.popitem(last=False)
+            key, self._key[b] = self._key[b], None
+            if key is not None and self._cached.get(key) == b:
+                del self._cached[key]
+            self._free.append(b)
+            self.forgotten.append(b)
+            n += 1
+        return n
+
     def take_forgotten(self) -> list[int]:
         out, self.forgotten = self.forgotten, []
         return out

@@ -15,6 +15,12 @@ from .kv import BlockManager, SlotPool
 from .sequence import Sequence, Status
 
 
+# With a shared KV cache, cached prefixes nobody runs are attended (masked) by every query of every step. While
+# sequences run, keep at most as many cached tokens as they hold themselves (a step then pays at most twice its
+# own attention), but never fewer than this: a system prompt or a short document stays cached.
+MIN_CACHED_TOKENS = 1024
+
+
 def attention_pairs(start: int, n: int) -> int:
     """Causal (query, key) pairs for n new tokens after `start` cached ones."""
     return n * start + n * (n + 1) // 2
@@ -46,6 +52,7 @@ class StepPlan:
     cache_hit_tokens: int = 0  # tokens of this step's admissions served from the prefix cache
     cache_query_tokens: int = 0  # tokens of this step's admissions
     held: int | None = None  # tokens cached by all sequences before the step, when the KV cache is shared
+    evicted_cached: int = 0  # cached free blocks evicted so that a shared cache's steps stay cheap
 
     @property
     def num_tokens(self) -> int:
@@ -104,6 +111,10 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         if self.config.shared_kv:
+            if self.running:
+                running = sum(s.num_computed for s in self.running)
+                keep = max(running, MIN_CACHED_TOKENS) // self.blocks.block_size
+                plan.evicted_cached = self.blocks.evict_cached(keep)
             # cached prefixes nobody runs still occupy cells of the shared cache (llama.cpp's holders)
             plan.held = sum(s.num_computed for s in self.running) + self.blocks.num_cached_free * self.blocks.block_size
         scheduled: set[int] = set()

@@ -147,9 +147,9 @@ class EvenflowApp(App):
                     n += 1
                     if n % 256 == 0:
                         await asyncio.sleep(0)  # a burst of buffered lines must not hold the loop
-                reason = "the daemon closed the feed"
+                reason, refused = "the daemon closed the feed", False
             except (httpx.HTTPError, DaemonError, ValueError) as e:
-                reason = str(e) or type(e).__name__
+                reason, refused = str(e) or type(e).__name__, isinstance(e, DaemonError)
             if self.connected:
                 self.reconnects += 1
                 self.notify(f"lost the daemon at {self.url}: {reason}", severity="warning")
@@ -157,7 +157,9 @@ class EvenflowApp(App):
             self.state.disconnected(self.clock())
             delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
             attempt += 1
-            self.refresh_status(f"daemon unreachable at {self.url} ({reason}); reconnecting (try {attempt})")
+            self.refresh_status(f"the daemon at {self.url} refused the feed: {reason}; retrying (try {attempt})"
+                                if refused else
+                                f"daemon unreachable at {self.url} ({reason}); reconnecting (try {attempt})")
             await asyncio.sleep(delay)
 
     @work(exclusive=True, group="poll")

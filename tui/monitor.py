@@ -23,7 +23,7 @@ HELP = """\
 
 [b]Scheduler[/b]: one column per engine step, newest on the right. Top: tokens per step, █ decodes and ▒ prompt-chunk tokens. Bottom: the step's time; ┄ marks the latency target, bars above it are red. ITL and TTFT percentiles cover the last minute.
 
-[b]Resources[/b]: KV blocks in use, queue depth, running sequences, loaded models (backend, slots, context, size, keep-alive countdown). Pulls in progress are not shown yet.
+[b]Resources[/b]: KV blocks in use, queue depth, running sequences, loaded models (backend, slots, context, size, keep-alive countdown), and pulls in progress (bytes so far of the layers started, percent, status).
 """
 
 

@@ -61,7 +61,12 @@ def stream_row(s: Stream, log_content: bool | None, columns: list[str], text_wid
     prompt = f"{bar(s.progress)} {s.computed if s.state == 'ingesting' else 0}/{s.prompt_tokens or '?'}" \
         if s.state in ("queued", "ingesting") else f"{s.prompt_tokens}"
     tps = s.tok_per_s
-    text = s.text.replace("\n", "⏎").replace("\r", "")[-text_width:] if log_content else "(counts only)"
+    if not log_content:
+        text = "(counts only)"
+    elif s.text or not s.prompt:
+        text = s.text.replace("\n", "⏎").replace("\r", "")[-text_width:]
+    else:  # nothing generated yet: the prompt's end says which request this is
+        text = "prompt: …" + s.prompt.replace("\n", "⏎").replace("\r", "")[-max(1, text_width - 9):]
     values = {"ID": str(s.seq_id), "MODEL": s.model.removesuffix(":latest"),
               "ENDPOINT": s.endpoint.removeprefix("/api/"), "STATE": state, "PROMPT": prompt,
               "TTFT": fmt_ms(s.ttft), "TOK/S": f"{tps:.1f}" if tps else "-", "OUT": str(s.output_tokens),
@@ -225,4 +230,15 @@ class Resources(Static):
             out.append(f"  {m.name}\n", style="bold")
             out.append(f"   {m.backend or '?'} slots {m.slots if m.slots is not None else '?'}"
                        f" ctx {m.context_length}\n   size {fmt_size(m.size)} until {fmt_until(m.expires_at, now)}\n")
+        if state.pulls:
+            out.append("\npulls\n", style="bold")
+        for p in state.pulls.values():
+            out.append(f"  {p.model}\n", style="bold")
+            sizes = f"{fmt_size(p.completed) if p.completed else '0 B'}/{fmt_size(p.total)}"
+            if p.error:
+                out.append(f"   failed: {p.error}\n", style="red")
+            elif p.t_done is not None:
+                out.append(f"   done {sizes}\n", style="dim")
+            else:
+                out.append(f"   {bar(p.fraction, 10)} {p.fraction:4.0%}\n   {sizes}\n   {p.status[:25]}\n")
         self.update(out)

@@ -115,6 +115,7 @@ class MonitorState:
     metrics: dict[str, float] = field(default_factory=dict)
     have_ps: bool = False
     pulls: dict[int, Pull] = field(default_factory=dict)
+    steps_seen: int = 0  # step events applied (the timeline redraws only when it moved)
 
     # ---- feed ----
     def apply(self, ev: dict[str, Any]) -> None:
@@ -195,6 +196,7 @@ class MonitorState:
 
     def _step(self, ev: dict[str, Any]) -> None:
         model = ev.get("model", "?")
+        self.steps_seen += 1
         self.steps.append(Step(float(ev.get("time", 0.0)), model, int(ev.get("decodes", 0)),
                                int(ev.get("prefill_tokens", 0)), float(ev.get("step_ms", 0.0)), ev.get("target_ms")))
         info = self._model(model)

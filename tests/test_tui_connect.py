@@ -180,3 +180,23 @@ def test_monitor_discover_finds_an_advertised_daemon(tmp_path: Path, gguf: Path)
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
         d.stop()
+
+
+def test_dropped_events_are_shown_not_hidden() -> None:
+    """A reader that fell behind: the daemon's own subscriber queue produces the notice; the monitor shows it."""
+    from evenflow.daemon.api.events import QUEUE_SIZE, _Subscriber
+
+    sub = _Subscriber()
+    for i in range(QUEUE_SIZE + 6):
+        sub.offer({"type": "heartbeat", "time": float(i)}, None)
+    notice = sub.drop_notice()
+    assert notice is not None and notice["count"] == 6 and sub.drop_notice() is None
+    hello = {"type": "hello", "time": 0.0, "log_content": False, "models": []}
+
+    async def go() -> None:
+        app = EvenflowApp("http://127.0.0.1:9", replay=[hello, notice], clock=lambda: 1.0)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: "feed dropped 6 events" in resources_text(app), "the notice in Resources")
+            assert "missed 6 events" in app.status_text()
+
+    asyncio.run(go())

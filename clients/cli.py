@@ -178,7 +178,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
 def cmd_tui(args: argparse.Namespace) -> None:
     from .. import tui  # noqa: PLC0415 - textual loads only for the TUI
 
-    (tui.run_monitor if args.command == "monitor" else tui.run_demo)(args.host)
+    if args.command == "monitor":
+        tui.run_monitor(args.host, discover=args.discover)
+    else:
+        tui.run_demo(args.host)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,7 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in (("monitor", "watch a daemon live, and chat (Textual TUI)"),
                        ("demo", "start a daemon unless one runs, run a scripted workload, open the monitor")):
         t = sub.add_parser(name, help=what)
-        t.add_argument("--host", default=None, help="daemon address (default: EVENFLOW_HOST / OLLAMA_HOST)")
+        where = t.add_mutually_exclusive_group()
+        where.add_argument("--host", default=None, help="daemon address (default: EVENFLOW_HOST / OLLAMA_HOST)")
+        if name == "monitor":
+            where.add_argument("--discover", action="store_true", help="the first daemon found on the LAN (zeroconf)")
         t.set_defaults(func=cmd_tui)
     sub.add_parser("bench", help="load generator: stall / poisson / sweep against any server (see `evenflow bench -h`)",
                    add_help=False)

@@ -337,7 +337,10 @@ def test_events_carry_content_with_log_content(tmp_path: Path, synthetic_model) 
         # no OLLAMA_NUM_PARALLEL: on a CPU the KV pool holds 8 full windows, so 8 slots
         assert loaded and loaded[0]["slots"] == 8 and loaded[0]["kv_tokens"] >= 8 * loaded[0]["context_length"]
         req = [e for e in events if e["type"] == "request"]
-        assert "secret prompt" in req[0]["user"]["prompt"]
+        assert req[0]["event"] == "queued" and "secret prompt" in req[0]["prompt"]
+        # the prompt goes out once, on `queued`: token events carry only their new text
+        assert [e["event"] for e in req if "prompt" in e] == ["queued"] and all("prompt" not in e["user"] for e in req)
+        assert sum(e["event"] == "token" for e in req) >= 4
         assert "".join(e.get("text", "") for e in req if e["event"] in ("token", "finished")) == out.response
         with httpx.stream("GET", d.url + "/api/events", timeout=30) as ev:  # the /v1 endpoints log it too
             lines = ev.iter_lines()
@@ -346,7 +349,8 @@ def test_events_carry_content_with_log_content(tmp_path: Path, synthetic_model) 
                                                              "max_tokens": 2}, timeout=30)
             assert r.status_code == 200
             queued = next(e for e in map(json.loads, lines) if e.get("event") == "queued")
-        assert queued["user"] == {"model": "tiny:latest", "endpoint": "/v1/completions", "prompt": "another secret"}
+        assert queued["user"] == {"model": "tiny:latest", "endpoint": "/v1/completions"}
+        assert queued["prompt"] == "another secret"
     finally:
         d.stop()
 

@@ -1,7 +1,9 @@
 """Snapshots of the TUI's screens rendered from a recorded /api/events feed (tests/data/tui_feed.ndjson).
 
 The feed was recorded from a daemon serving the synthetic `demo` model with --log-content: three chats
-streaming while a 3563-token document is ingested (`user.prompt` cut to 60 characters to keep the file small).
+streaming while a 3563-token document is ingested (the prompt cut to 60 characters to keep the file small; it was
+recorded when every request event repeated `user.prompt`, and converted to today's format: the prompt once, on
+`queued`).
 Update after an intended change: `python -m pytest tests/test_tui_snapshots.py --snapshot-update`.
 """
 from __future__ import annotations

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 
-def run_monitor(host: str | None = None) -> None:
-    """Open the monitor on the daemon at `host` (else EVENFLOW_HOST / OLLAMA_HOST / 127.0.0.1:11434)."""
+def run_monitor(host: str | None = None, discover: bool = False) -> None:
+    """Open the monitor on the daemon at `host` (else EVENFLOW_HOST / OLLAMA_HOST / 127.0.0.1:11434).
+
+    `discover` (or host `auto`): the first daemon zeroconf finds on the LAN; DiscoveryError when none answers."""
     from .app import EvenflowApp  # noqa: PLC0415 - textual loads only when the TUI runs
     from .feed import base_url  # noqa: PLC0415
 
-    EvenflowApp(base_url(host)).run()
+    EvenflowApp(base_url("auto" if discover else host)).run()
 
 
 def run_demo(host: str | None = None) -> None:

@@ -60,6 +60,7 @@ class EvenflowApp(App):
         self.reconnects = 0
         self.ingests: list[dict[str, Any]] = []
         self.lags: list[float] = []  # timer lateness samples, seconds (probe_lag)
+        self.lag_cpu: list[float] = []  # the UI thread's CPU seconds over each sample's interval (busy vs starved)
         self.render_s: list[float] = []  # time spent re-rendering widgets per tick (probe_lag)
         self._probe_lag = probe_lag
         self._shown = -1
@@ -79,7 +80,7 @@ class EvenflowApp(App):
         self.call_after_refresh(self.tick)
         self.set_interval(RENDER_S, self.tick)
         if self._probe_lag:
-            self._last_probe = time.perf_counter()
+            self._last_probe, self._last_cpu = time.perf_counter(), time.thread_time()
             self.set_interval(PROBE_S, self._probe)
 
     async def on_unmount(self) -> None:
@@ -117,9 +118,10 @@ class EvenflowApp(App):
     _last_now = 0.0
 
     def _probe(self) -> None:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         self.lags.append(max(0.0, t - self._last_probe - PROBE_S))
-        self._last_probe = t
+        self.lag_cpu.append(cpu - self._last_cpu)
+        self._last_probe, self._last_cpu = t, cpu
 
     def refresh_status(self, text: str) -> None:
         self.status = text
@@ -147,9 +149,9 @@ class EvenflowApp(App):
                     n += 1
                     if n % 256 == 0:
                         await asyncio.sleep(0)  # a burst of buffered lines must not hold the loop
-                reason = "the daemon closed the feed"
+                reason, refused = "the daemon closed the feed", False
             except (httpx.HTTPError, DaemonError, ValueError) as e:
-                reason = str(e) or type(e).__name__
+                reason, refused = str(e) or type(e).__name__, isinstance(e, DaemonError)
             if self.connected:
                 self.reconnects += 1
                 self.notify(f"lost the daemon at {self.url}: {reason}", severity="warning")
@@ -157,7 +159,9 @@ class EvenflowApp(App):
             self.state.disconnected(self.clock())
             delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
             attempt += 1
-            self.refresh_status(f"daemon unreachable at {self.url} ({reason}); reconnecting (try {attempt})")
+            self.refresh_status(f"the daemon at {self.url} refused the feed: {reason}; retrying (try {attempt})"
+                                if refused else
+                                f"daemon unreachable at {self.url} ({reason}); reconnecting (try {attempt})")
             await asyncio.sleep(delay)
 
     @work(exclusive=True, group="poll")

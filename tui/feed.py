@@ -2,23 +2,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any, AsyncIterator
 
 import httpx
 
-from ..daemon.config import parse_host
+from ..clients.connect import auth_headers, base_url  # noqa: F401 - base_url: the TUI's hosts resolve as the CLI's
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
-
-
-def base_url(host: str | None = None) -> str:
-    """`--host`, else EVENFLOW_HOST / OLLAMA_HOST, else 127.0.0.1:11434, as a URL a client can dial."""
-    raw = host or os.environ.get("EVENFLOW_HOST") or os.environ.get("OLLAMA_HOST") or "127.0.0.1:11434"
-    hp = parse_host(raw)
-    h = "127.0.0.1" if hp.host in ("0.0.0.0", "::", "") else hp.host
-    return f"{hp.scheme}://{'[' + h + ']' if ':' in h else h}:{hp.port}"
+NEED_KEY = ("the daemon requires an API key: set EVENFLOW_API_KEY, or put the key in the key file "
+            "(`evenflow key path` shows where)")
 
 
 class DaemonError(Exception):
@@ -39,6 +32,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def _error_of(r: httpx.Response) -> str:
+    if r.status_code == 401:
+        return NEED_KEY
     try:
         return str(r.json().get("error", r.text))
     except (ValueError, AttributeError):
@@ -51,7 +46,8 @@ class Feed:
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         self.url = url
         # No read timeout on the streams: /api/events sends a heartbeat every 15 s, chats may think for a while.
-        self.client = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout, read=None))
+        self.client = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout, read=None),
+                                        headers=auth_headers())
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -81,7 +77,7 @@ class Feed:
     async def metrics(self) -> dict[str, float]:
         r = await self.client.get("/metrics")
         if r.status_code != 200:
-            raise DaemonError(f"/metrics answered {r.status_code}")
+            raise DaemonError(f"/metrics answered {r.status_code}: {_error_of(r)}")
         return parse_metrics(r.text)
 
     async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -7,7 +7,8 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from .state import MonitorState
-from .widgets import Resources, StreamsTable, Timeline
+from .timeline import Timeline
+from .widgets import Resources, StreamsTable, update_text
 
 HELP = """\
 [b]evenflow monitor[/b]
@@ -23,7 +24,7 @@ HELP = """\
 
 [b]Scheduler[/b]: one column per engine step, newest on the right. Top: tokens per step, █ decodes and ▒ prompt-chunk tokens. Bottom: the step's time; ┄ marks the latency target, bars above it are red. ITL and TTFT percentiles cover the last minute.
 
-[b]Resources[/b]: KV blocks in use, queue depth, running sequences, loaded models (backend, slots, context, size, keep-alive countdown). Pulls in progress are not shown yet.
+[b]Resources[/b]: KV blocks in use, queue depth, running sequences, loaded models (backend, slots, context, size, keep-alive countdown), and pulls in progress (bytes so far of the layers started, percent, status).
 """
 
 
@@ -55,7 +56,7 @@ class MonitorScreen(Screen):
         self.query_one("#resources").border_title = "resources"
 
     def show(self, state: MonitorState, now: float, status: str) -> None:
-        self.query_one("#status", Static).update(status)
+        update_text(self.query_one("#status", Static), status)
         self.query_one(StreamsTable).show(state)
         self.query_one(Timeline).show(state)
         self.query_one(Resources).show(state, now)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,7 @@ FADE_S = 8.0  # a finished stream stays on screen (dimmed) this long
 WINDOW_S = 60.0  # latency percentiles cover the last minute
 TEXT_TAIL = 400  # characters of each stream's text kept for display
 MAX_STEPS = 1000
+_MARKUP = re.compile(r"<\|[^|<>]{1,40}\|>|</?s>|\[/?INST\]")
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Stream:
     t_last: float | None = None
     t_done: float | None = None
     text: str = ""
+    prompt: str = ""  # the rendered prompt's tail, sent once on `queued` under --log-content
 
     @property
     def key(self) -> str:
@@ -57,6 +60,23 @@ class Step:
     prefill_tokens: int
     step_ms: float
     target_ms: float | None
+
+
+@dataclass
+class Pull:
+    """A pull in progress (`pull` events): bytes summed over the layers the daemon has started so far."""
+
+    id: int
+    model: str
+    status: str = ""
+    completed: int = 0
+    total: int = 0
+    error: str | None = None
+    t_done: float | None = None
+
+    @property
+    def fraction(self) -> float:
+        return min(self.completed / self.total, 1.0) if self.total else 0.0
 
 
 @dataclass
@@ -94,6 +114,8 @@ class MonitorState:
     version: int = 0  # bumped on every change; widgets re-render only when it moved
     metrics: dict[str, float] = field(default_factory=dict)
     have_ps: bool = False
+    pulls: dict[int, Pull] = field(default_factory=dict)
+    steps_seen: int = 0  # step events applied (the timeline redraws only when it moved)
 
     # ---- feed ----
     def apply(self, ev: dict[str, Any]) -> None:
@@ -104,8 +126,13 @@ class MonitorState:
             self._request(ev)
         elif kind == "step":
             self._step(ev)
+        elif kind == "pull":
+            self._pull(ev)
         elif kind == "hello":
             self.log_content = bool(ev.get("log_content"))
+            self.pulls = {}  # a (re)connection: the daemon lists what is still pulling
+            for p in ev.get("pulls") or []:
+                self._pull(p)
             for m in ev.get("models", []):
                 info = self._model(m["model"])
                 info.backend, info.context_length = m.get("backend", ""), m.get("context_length", 0)
@@ -136,6 +163,8 @@ class MonitorState:
         s.output_tokens = int(ev.get("output_tokens", s.output_tokens))
         if ev.get("text"):
             s.text = (s.text + ev["text"])[-TEXT_TAIL:]
+        if ev.get("prompt"):  # template markup (`<|im_start|>`...) says nothing about the request: dropped
+            s.prompt = " ".join(_MARKUP.sub(" ", str(ev["prompt"])[-4 * TEXT_TAIL:]).split())[-TEXT_TAIL:]
         what = ev.get("event")
         if what == "queued":
             s.state, s.t_queued = "queued", t
@@ -155,8 +184,19 @@ class MonitorState:
         elif what == "finished":
             s.state, s.done_reason, s.t_done = "done", ev.get("done_reason"), t
 
+    def _pull(self, ev: dict[str, Any]) -> None:
+        pid = int(ev.get("id", -1))
+        p = self.pulls.get(pid)
+        if p is None:
+            p = self.pulls[pid] = Pull(pid, str(ev.get("model", "?")))
+        p.status = str(ev.get("status", p.status))
+        p.completed, p.total = int(ev.get("completed") or 0), int(ev.get("total") or 0)
+        if ev.get("event") == "done":
+            p.error, p.t_done = ev.get("error"), float(ev.get("time", 0.0))
+
     def _step(self, ev: dict[str, Any]) -> None:
         model = ev.get("model", "?")
+        self.steps_seen += 1
         self.steps.append(Step(float(ev.get("time", 0.0)), model, int(ev.get("decodes", 0)),
                                int(ev.get("prefill_tokens", 0)), float(ev.get("step_ms", 0.0)), ev.get("target_ms")))
         info = self._model(model)
@@ -193,6 +233,9 @@ class MonitorState:
         for s in self.streams.values():
             if s.state != "done":
                 s.state, s.t_done = "lost", now
+        for p in self.pulls.values():
+            if p.t_done is None:
+                p.error, p.t_done = "lost the daemon", now
         self.version += 1
 
     # ---- views ----
@@ -201,10 +244,13 @@ class MonitorState:
         gone = [k for k, s in self.streams.items() if s.t_done is not None and now - s.t_done > FADE_S]
         for k in gone:
             del self.streams[k]
+        ended = [k for k, p in self.pulls.items() if p.t_done is not None and now - p.t_done > FADE_S]
+        for k in ended:
+            del self.pulls[k]
         for dq in (self.itl, self.ttfts):
             while dq and now - dq[0][0] > WINDOW_S:
                 dq.popleft()
-        if gone:
+        if gone or ended:
             self.version += 1
 
     def latency(self) -> dict[str, float | None]:

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from .state import MonitorState, Step, Stream, percentile
+from .state import MonitorState, Stream
 
 # (name, width); ENDPOINT is left out below WIDE columns, TEXT takes what is left (at least MIN_TEXT).
 STREAM_COLUMNS = (("ID", 3), ("MODEL", 10), ("ENDPOINT", 12), ("STATE", 11), ("PROMPT", 14), ("TTFT", 6),
@@ -61,7 +61,12 @@ def stream_row(s: Stream, log_content: bool | None, columns: list[str], text_wid
     prompt = f"{bar(s.progress)} {s.computed if s.state == 'ingesting' else 0}/{s.prompt_tokens or '?'}" \
         if s.state in ("queued", "ingesting") else f"{s.prompt_tokens}"
     tps = s.tok_per_s
-    text = s.text.replace("\n", "⏎").replace("\r", "")[-text_width:] if log_content else "(counts only)"
+    if not log_content:
+        text = "(counts only)"
+    elif s.text or not s.prompt:
+        text = s.text.replace("\n", "⏎").replace("\r", "")[-text_width:]
+    else:  # nothing generated yet: the prompt's end says which request this is
+        text = "prompt: …" + s.prompt.replace("\n", "⏎").replace("\r", "")[-max(1, text_width - 9):]
     values = {"ID": str(s.seq_id), "MODEL": s.model.removesuffix(":latest"),
               "ENDPOINT": s.endpoint.removeprefix("/api/"), "STATE": state, "PROMPT": prompt,
               "TTFT": fmt_ms(s.ttft), "TOK/S": f"{tps:.1f}" if tps else "-", "OUT": str(s.output_tokens),
@@ -122,91 +127,6 @@ class StreamsTable(DataTable):
             self._rows[s.key] = plain
 
 
-def _columns(steps: list[Step], width: int) -> list[Step]:
-    return steps[-width:] if width > 0 else []
-
-
-def _ms_label(ms: float) -> str:
-    return f"{ms:.0f}ms" if ms < 1000 else f"{ms / 1000:.1f}s"
-
-
-class Timeline(Static):
-    """Per engine step, newest on the right: decode vs prompt-chunk tokens, and step time against the target."""
-
-    _state: MonitorState | None = None
-
-    def on_resize(self) -> None:
-        if self._state is not None:
-            self.show(self._state)
-
-    def show(self, state: MonitorState) -> None:
-        self._state = state
-        w = max(self.size.width - 8, 10)
-        h = max(self.size.height, 8)
-        steps = _columns(list(state.steps), w)
-        tok_rows = max(2, (h - 2) * 5 // 9)
-        ms_rows = max(2, h - 2 - tok_rows)
-        out = Text()
-        out.append_text(self._tokens_chart(steps, tok_rows))
-        out.append_text(self._ms_chart(steps, ms_rows))
-        out.append("█ decode ▒ prompt ▇ step ms ┄ target" + ("  (newest right)" if w > 60 else "") + "\n",
-                   style="dim")
-        lat = state.latency()
-        out.append(f"ITL p50 {fmt_ms(lat['itl_p50'], 0)} p99 {fmt_ms(lat['itl_p99'], 0)}  "
-                   f"TTFT p50 {fmt_ms(lat['ttft_p50'], 0)} p99 {fmt_ms(lat['ttft_p99'], 0)}"
-                   + ("  (last 60 s)" if w > 70 else ""))
-        self.update(out)
-
-    @staticmethod
-    def _tokens_chart(steps: list[Step], rows: int) -> Text:
-        top = max([s.decodes + s.prefill_tokens for s in steps] + [1])
-        out = Text()
-        for r in range(rows, 0, -1):
-            out.append(f"{top if r == rows else '':>6} ", style="dim")
-            for s in steps:
-                d = round(s.decodes / top * rows) if s.decodes else 0
-                d = max(d, 1 if s.decodes else 0)
-                p = round((s.decodes + s.prefill_tokens) / top * rows) - d if s.prefill_tokens else 0
-                p = max(p, 1 if s.prefill_tokens else 0)
-                if r <= d:
-                    out.append("█", style="green")
-                elif r <= d + p:
-                    out.append("▒", style="yellow")
-                else:
-                    out.append(" ")
-            out.append("\n")
-        return out
-
-    @staticmethod
-    def _ms_chart(steps: list[Step], rows: int) -> Text:
-        target = next((s.target_ms for s in reversed(steps) if s.target_ms), None)
-        # One stalled step must not flatten the rest: the scale tops out at 2x the target (or the 90th
-        # percentile when higher); taller steps are drawn full height, in red, and the label says "+".
-        p90 = percentile([s.step_ms for s in steps], 90) or 1.0
-        top = max(p90 * 1.25, (target or 0) * 2, 1.0)
-        clipped = any(s.step_ms > top for s in steps)
-        target_row = max(1, round(target / top * rows)) if target else None
-        eighths = " ▁▂▃▄▅▆▇█"
-        out = Text()
-        for r in range(rows, 0, -1):
-            label = _ms_label(top) + ("+" if clipped else "") if r == rows else (
-                _ms_label(target) if r == target_row and target else "")
-            out.append(f"{label:>6} ", style="dim")
-            for s in steps:
-                level = s.step_ms / top * rows - (r - 1)
-                style = "red" if target and s.step_ms > target else "blue"
-                if level >= 1:
-                    out.append("█", style=style)
-                elif int(level * 8) >= 1:
-                    out.append(eighths[int(level * 8)], style=style)
-                elif r == target_row:
-                    out.append("┄", style="dim")
-                else:
-                    out.append(" ")
-            out.append("\n")
-        return out
-
-
 class Resources(Static):
     """KV, queue, running sequences, loaded models (`/api/ps`: backend, slots, size, keep-alive countdown)."""
 
@@ -225,4 +145,23 @@ class Resources(Static):
             out.append(f"  {m.name}\n", style="bold")
             out.append(f"   {m.backend or '?'} slots {m.slots if m.slots is not None else '?'}"
                        f" ctx {m.context_length}\n   size {fmt_size(m.size)} until {fmt_until(m.expires_at, now)}\n")
-        self.update(out)
+        if state.pulls:
+            out.append("\npulls\n", style="bold")
+        for p in state.pulls.values():
+            out.append(f"  {p.model}\n", style="bold")
+            sizes = f"{fmt_size(p.completed) if p.completed else '0 B'}/{fmt_size(p.total)}"
+            if p.error:
+                out.append(f"   failed: {p.error}\n", style="red")
+            elif p.t_done is not None:
+                out.append(f"   done {sizes}\n", style="dim")
+            else:
+                out.append(f"   {bar(p.fraction, 10)} {p.fraction:4.0%}\n   {sizes}\n   {p.status[:25]}\n")
+        update_text(self, out)
+
+
+def update_text(widget: Static, text: Text | str) -> None:
+    """Update a fixed-size Static only when its text changed, and without a layout pass (its size cannot move)."""
+    key = (text.plain, tuple(text.spans)) if isinstance(text, Text) else text
+    if getattr(widget, "_shown_key", None) != key:
+        widget._shown_key = key  # type: ignore[attr-defined]
+        widget.update(text, layout=False)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -13,6 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 1024  # per subscriber; a reader this far behind loses events (counted), the engine never waits
+PULL_EVERY_S = 0.25  # a pull's progress event at most this often (its HTTP client gets Ollama's 60 ms ticks)
 _CONTENT_KEYS = ("text", "prompt")
 
 
@@ -24,6 +26,9 @@ class EventHub:
         self.on_drop = on_drop
         self.loop: asyncio.AbstractEventLoop | None = None
         self._subs: list[_Subscriber] = []
+        self._pulls: dict[int, dict[str, Any]] = {}  # id -> the pull's last progress (for hello)
+        self._pull_lock = threading.Lock()
+        self._pull_ids = 0
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -36,19 +41,21 @@ class EventHub:
         """Engine-thread safe: one hop onto the loop, nothing done when nobody listens."""
         if not self._subs or self.loop is None:
             return
-        ev = self._redact(event)
+        ev = self._shape(event)
         try:
             self.loop.call_soon_threadsafe(self._deliver, ev)
         except RuntimeError:  # loop closed during shutdown
             pass
 
-    def _redact(self, event: dict[str, Any]) -> dict[str, Any]:
-        if self.log_content:
-            return event
-        ev = {k: v for k, v in event.items() if k not in _CONTENT_KEYS}
+    def _shape(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Content only under log_content, and a request's prompt once (on `queued`), not with every token."""
+        ev = event if self.log_content else {k: v for k, v in event.items() if k not in _CONTENT_KEYS}
         user = ev.get("user")
         if isinstance(user, dict) and any(k in user for k in _CONTENT_KEYS):
+            ev = dict(ev)
             ev["user"] = {k: v for k, v in user.items() if k not in _CONTENT_KEYS}
+            if self.log_content and ev.get("event") == "queued" and "prompt" in user:
+                ev["prompt"] = user["prompt"]
         return ev
 
     def _deliver(self, ev: dict[str, Any]) -> None:
@@ -62,6 +69,52 @@ class EventHub:
 
     def unsubscribe(self, sub: "_Subscriber") -> None:
         self._subs = [s for s in self._subs if s is not sub]
+
+    # ---- pulls ----
+    def pulls(self) -> list[dict[str, Any]]:
+        """The pulls in progress (their last progress), for a new reader's hello."""
+        with self._pull_lock:
+            return [dict(p) for p in self._pulls.values()]
+
+    def track_pull(self, name: str, steps: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Pass a pull's progress lines through, publishing `pull` events: start, progress (bytes), done."""
+        with self._pull_lock:
+            self._pull_ids += 1
+            info: dict[str, Any] = {"id": self._pull_ids, "model": name, "status": "starting", "completed": 0,
+                                    "total": 0}
+            self._pulls[info["id"]] = info
+        layers: dict[str, tuple[int, int]] = {}  # digest -> (completed, total): bytes are summed over layers
+        error: str | None = "the client disconnected"
+        self._publish_pull("start", info)
+        last = time.monotonic()
+        try:
+            for item in steps:
+                with self._pull_lock:
+                    info["status"] = str(item.get("status", info["status"]))
+                    if item.get("digest") and item.get("total"):
+                        layers[item["digest"]] = (int(item.get("completed") or 0), int(item["total"]))
+                        info["completed"] = sum(c for c, _ in layers.values())
+                        info["total"] = sum(t for _, t in layers.values())
+                if time.monotonic() - last >= PULL_EVERY_S:
+                    last = time.monotonic()
+                    self._publish_pull("progress", info)
+                yield item
+            error = None
+        except Exception as e:  # noqa: BLE001 - reported, then handed on to the HTTP response
+            error = str(e) or type(e).__name__
+            raise
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+            with self._pull_lock:
+                self._pulls.pop(info["id"], None)
+            self._publish_pull("done", {**info, "error": error})
+
+    def _publish_pull(self, event: str, info: dict[str, Any]) -> None:
+        with self._pull_lock:
+            ev = {"type": "pull", "event": event, "time": time.time(), **info}
+        self.publish(ev)
 
 
 class _Subscriber:
@@ -95,7 +148,7 @@ async def events(request: Request) -> StreamingResponse:
     hub.bind(asyncio.get_running_loop())
     sub = hub.subscribe()
     hello = {"type": "hello", "time": time.time(), "log_content": hub.log_content,
-             "auth": ctx.settings.api_key is not None, "warnings": list(ctx.warnings),
+             "auth": ctx.settings.api_key is not None, "warnings": list(ctx.warnings), "pulls": hub.pulls(),
              "models": [{"model": m.name, "backend": m.backend, "context_length": m.context_length,
                          "kv_total": m.engine.stats().kv_blocks_total, "slots": m.engine.scheduler.slots.size}
                         for m in ctx.manager.loaded()]}

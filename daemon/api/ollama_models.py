@@ -169,6 +169,7 @@ async def pull(request: Request) -> Response:
     if not name:
         raise APIError(400, "model is required")
     steps = await asyncio.to_thread(_ctx(request).store.pull_iter, name, bool(req.insecure))
+    steps = _ctx(request).events.track_pull(name, steps)  # the monitor's "pulls in progress"
     return await _progress_response(steps, req.stream, f"pull {name}")
 
 

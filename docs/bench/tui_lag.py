@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
+import logging
 import multiprocessing
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -22,11 +25,13 @@ from pathlib import Path
 
 import httpx
 
-from evenflow.tui.app import EvenflowApp
+from evenflow.tui.app import PROBE_S, EvenflowApp
 from evenflow.tui.demo import document, start_daemon, stop_daemon
 from evenflow.tui.state import percentile
 
 STREAMS = 8
+LATE_S = 0.02  # a tick this late counts as "late" in the busy/starved split
+slow: list[str] = []
 
 
 def _load(url: str, done: "multiprocessing.synchronize.Event") -> None:
@@ -48,7 +53,38 @@ def _load(url: str, done: "multiprocessing.synchronize.Event") -> None:
     done.set()
 
 
-async def measure(url: str) -> dict:
+callback_cpu: list[float] = []  # the UI thread's CPU seconds per event-loop callback
+
+
+def _time_callbacks() -> None:
+    """Time every callback the loop runs in CPU seconds: how long our code held the loop, whatever the machine's
+    load (a starved process does not accrue CPU time, so this is the lag the app would cause on an idle core)."""
+    run = asyncio.events.Handle._run
+
+    def timed(handle: asyncio.events.Handle) -> None:
+        c = time.thread_time()
+        run(handle)
+        callback_cpu.append(time.thread_time() - c)
+
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+
+
+class _SlowCallbacks(logging.Handler):
+    """asyncio's debug mode logs every callback that held the loop over slow_callback_duration: keep their names."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("Executing"):
+            slow.append(re.sub(r" at 0x[0-9a-f]+|\(\)|<Handle |<TimerHandle |\d+\.\d+ seconds|took|[<>]|when=\S+",
+                               "", msg).strip()[:140])
+
+
+async def measure(url: str, slow_callbacks: bool) -> dict:
+    if slow_callbacks:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(True)
+        loop.slow_callback_duration = LATE_S
+        logging.getLogger("asyncio").addHandler(_SlowCallbacks())
     app = EvenflowApp(url, probe_lag=True)
     async with app.run_test(size=(120, 40)) as pilot:
         while not app.connected:
@@ -58,20 +94,37 @@ async def measure(url: str) -> dict:
         t0 = time.perf_counter()
         proc.start()
         app.lags.clear()
+        app.lag_cpu.clear()
         app.render_s.clear()
+        slow.clear()
+        callback_cpu.clear()
+        cpu0 = time.process_time()
         while not done.is_set():
             await pilot.pause(0.1)
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
         proc.join()
         lags, renders = [x * 1e3 for x in app.lags], [x * 1e3 for x in app.render_s]
+        # A late tick either had the UI thread busy (it used the CPU for most of the interval: our code blocked the
+        # loop) or had it waiting for a core (the OS ran the daemon or someone else: the machine's load).
+        late = [(lag, c) for lag, c in zip(app.lags, app.lag_cpu) if lag > LATE_S]
+        busy = sum(c >= 0.5 * (lag + PROBE_S) for lag, c in late)
         return {"wall_s": wall, "events": app.state.events, "dropped": app.state.dropped_total,
                 "lag_ms": {q: percentile(lags, q) for q in (50, 99, 100)}, "lag_samples": len(lags),
-                "render_ms": {q: percentile(renders, q) for q in (50, 99, 100)}, "renders": len(renders)}
+                "late_samples": len(late), "late_busy": busy, "late_starved": len(late) - busy,
+                "ui_cpu_share": cpu / wall,
+                "render_ms": {q: percentile(renders, q) for q in (50, 99, 100)}, "renders": len(renders),
+                "callback_cpu_ms": {q: percentile([x * 1e3 for x in callback_cpu], q) for q in (50, 99, 99.9, 100)},
+                "callbacks": len(callback_cpu), "callbacks_over_20ms_cpu": sum(x > LATE_S for x in callback_cpu),
+                "slow_callbacks": collections.Counter(slow).most_common(8)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log-content", action="store_true", help="run the daemon with --log-content (text on screen)")
+    ap.add_argument("--slow-callbacks", action="store_true",
+                    help="asyncio debug mode: name the callbacks that held the UI loop over 20 ms (slows it a little)")
+    ap.add_argument("--out", default=None, help="JSON file to write (default docs/bench/tui_lag.json)")
     args = ap.parse_args()
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -85,7 +138,8 @@ def main() -> None:
     proc, log = start_daemon(url, log_content=args.log_content)
     try:
         httpx.post(url + "/api/generate", json={"model": "demo", "prompt": "", "stream": False}, timeout=300)
-        r = asyncio.run(measure(url))
+        _time_callbacks()
+        r = asyncio.run(measure(url, args.slow_callbacks))
     finally:
         stop_daemon(proc)
     cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
@@ -96,7 +150,14 @@ def main() -> None:
         print(f"| {k} | {r[k][50]:.1f} | {r[k][99]:.1f} | {r[k][100]:.1f} |")
     print(f"{r['lag_samples']} lag samples, {r['renders']} renders, {r['events']} events ({r['dropped']} dropped) "
           f"in {r['wall_s']:.1f} s; {r['cpu']}; machine shared and noisy")
-    out = Path(__file__).with_name("tui_lag.json")
+    print(f"ticks over {LATE_S * 1e3:.0f} ms late: {r['late_samples']} ({r['late_busy']} with the UI thread busy, "
+          f"{r['late_starved']} waiting for a CPU); the UI process used {r['ui_cpu_share']:.0%} of one core")
+    cb = r["callback_cpu_ms"]
+    print(f"UI thread CPU per loop callback: P50 {cb[50]:.2f} ms, P99 {cb[99]:.2f} ms, P99.9 {cb[99.9]:.1f} ms, "
+          f"max {cb[100]:.1f} ms over {r['callbacks']} callbacks ({r['callbacks_over_20ms_cpu']} over 20 ms)")
+    for name, n in r["slow_callbacks"]:
+        print(f"  {n:4d} x {name}")
+    out = Path(args.out) if args.out else Path(__file__).with_name("tui_lag.json")
     out.write_text(json.dumps(r, indent=1) + "\n")
     print(f"wrote {out}")
 

@@ -176,6 +176,7 @@ class _Server:
                     log.info("signal %d: no new requests; in-flight ones get %ds, then are aborted", sig,
                              SHUTDOWN_GRACE_S)
                     ctx.loop.call_soon_threadsafe(lambda: ctx.loop.create_task(_drain(ctx)))
+                    ctx.events.publish({"type": "closing", "time": time.time()})  # ends /api/events streams
                 ctx.closing = True
                 super().handle_exit(sig, frame)
                 # uvicorn re-raises the signal after its graceful shutdown; a clean stop should exit 0

@@ -201,7 +201,7 @@ def test_prepare_for_a_disconnected_client_stops_and_frees_the_pool(tmp_path: Pa
         body = json.dumps({"model": "tiny", "prompt": "word " * 40_000, "stream": False, "template": slow}).encode()
         port = int(d.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
             deadline = time.monotonic() + 300
             while d.ctx.workers.running == 0:

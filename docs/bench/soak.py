@@ -271,7 +271,7 @@ def main() -> None:
                 raise SystemExit("the daemon did not start (see " + str(Path(tmp) / "daemon.log") + ")")
             time.sleep(0.2)
         warm = httpx.post(url + "/api/generate", json={"model": "demo", "prompt": "hi", "stream": False,
-                                                       "options": {"num_predict": 4}}, timeout=300)
+                                                       "options": {"num_predict": 4}}, timeout=900)
         assert warm.status_code == 200, warm.text
         sampler = RssSampler(proc.pid)
         sampler.start()

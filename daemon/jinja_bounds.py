@@ -137,7 +137,8 @@ def _items(n: int, what: str) -> int:
 _FILTER_SIZES: dict[str, Callable[[dict[str, Any]], int]] = {
     "center": lambda a: max(printed_size(a["value"]), _int(a["width"])),
     "indent": _indent_size,
-    "format": lambda a: percent_size(str(a["value"]), a["kwargs"] or a["args"]),
+    "format": lambda a: (percent_size(a["value"], a["kwargs"] or a["args"]) if isinstance(a["value"], str)
+                         else printed_size(a["value"]) + printed_size((a["args"], a["kwargs"]))),
     "replace": lambda a: _replace_size(a["s"], a["old"], a["new"], a["count"]),
     "join": lambda a: _join_size(a["value"], a["d"]),
     "wordwrap": _wordwrap_size,

@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 
+from . import memory
 from .api.errors import install_handlers
 from .api.events import EventHub
 from .api.guard import GuardMiddleware
@@ -96,10 +97,12 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
                 log.warning("could not create the demo model", exc_info=True)
         for w in ctx.warnings:
             log.warning(w)
+        trimmer = asyncio.create_task(memory.trim_periodically(), name="evenflow-malloc-trim")
         if ctx.advertiser is not None and not await _logged(ctx.advertiser.start(), "cannot advertise"):
             ctx.advertiser = None
         yield
         ctx.closing = True
+        trimmer.cancel()
         if ctx.advertiser is not None:
             await _logged(ctx.advertiser.close(), "could not withdraw the zeroconf record")
         await manager.shutdown()
@@ -175,6 +178,7 @@ class _Server:
                     log.info("signal %d: no new requests; in-flight ones get %ds, then are aborted", sig,
                              SHUTDOWN_GRACE_S)
                     ctx.loop.call_soon_threadsafe(lambda: ctx.loop.create_task(_drain(ctx)))
+                    ctx.events.publish({"type": "closing", "time": time.time()})  # ends /api/events streams
                 ctx.closing = True
                 super().handle_exit(sig, frame)
                 # uvicorn re-raises the signal after its graceful shutdown; a clean stop should exit 0

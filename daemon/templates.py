@@ -22,20 +22,20 @@ import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import SandboxedEnvironment
-from jinja2.utils import Namespace
 
 from . import gotemplate
 from .gotemplate import Budget, TemplateBudgetExceeded, TemplateError
-from .gotemplate.budget import MAX_OUTPUT
+from .gotemplate.budget import MAX_ITEMS, MAX_OUTPUT, TemplateCancelled
 from .gotemplate.ollama import DEFAULT_TEMPLATE, render_go_chat
 from .gotemplate.ollama import go_nodes as _go_nodes
 from .gotemplate.ollama import go_vars as _go_vars
+from .jinja_bounds import bounded_environment, printed_size, too_big
 from .tools import TOOL_CALL_PREFIX, TOOL_CALL_SUFFIX, extract_tool_calls, parse_tool_calls, tool_format_for
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_TEMPLATE", "Budget", "SuffixNotSupported", "TemplateBudgetExceeded", "TOOL_CALL_PREFIX", "TOOL_CALL_SUFFIX", "TemplateError", "check_template",
+    "DEFAULT_TEMPLATE", "Budget", "SuffixNotSupported", "TemplateBudgetExceeded", "TemplateCancelled", "TOOL_CALL_PREFIX", "TOOL_CALL_SUFFIX", "TemplateError", "check_template",
     "extract_tool_calls", "fold_system_into_user", "is_go_template", "parse_tool_calls", "prepare_chat_messages",
     "render_chat", "render_generate", "render_go_chat", "render_messages", "template_capabilities", "thinking_tags",
     "tool_format_for",
@@ -50,7 +50,7 @@ class SuffixNotSupported(TemplateError):
 # ------------------------------------------------------------------------------------------ detection
 
 _JINJA_STMT = re.compile(r"\{%-?\s*(if|for|set|macro|raw|filter|generation)\b")
-_GO_ACTION = re.compile(r"\{\{-?\s*(\.|\$|range\b|if\b|end\b|with\b|else\b|json\b|template\b|define\b|block\b|/\*)")
+_GO_ACTION = re.compile(r"\{\{-?\s*(\.|\$|range\b|if\b|end\b|with\b|else\b|json\b|template\b|define\b|block\b|/\*|printf?\s|println\s)")
 
 
 def is_go_template(template: str | None) -> bool:
@@ -110,6 +110,8 @@ def _switches_on_thinking(template: str) -> bool:
     msgs = [{"role": "user", "content": "hi"}]
     try:
         on, off = (render_chat(template, msgs, enable_thinking=flag) for flag in (True, False))
+    except TemplateCancelled:
+        raise  # not an answer about the template: must not be cached
     except TemplateError:
         return False
     return on != off
@@ -124,44 +126,15 @@ def _safe_go_vars(template: str) -> set[str]:
 
 # ------------------------------------------------------------------------------------------ Jinja (HF)
 
-def _raise_exception(message: str) -> None:
-    raise TemplateError(f"template raised: {message}")
+def _raise_exception(message: Any) -> None:
+    text = str(message)[:2000] if printed_size(message, 100_000) <= 100_000 else "(a message too long to show)"
+    raise TemplateError(f"template raised: {text}")
 
 
-def _strftime_now(fmt: str) -> str:
+def _strftime_now(fmt: Any) -> str:
+    if not isinstance(fmt, str) or len(fmt) > 1000:
+        raise TemplateError("strftime_now: the format must be a string of at most 1000 characters")
     return _dt.datetime.now().strftime(fmt)
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (jinja2.Undefined,)):
-        return None
-    try:
-        return list(o)  # `tools | map(attribute='function') | tojson` hands over a generator
-    except TypeError:
-        return str(o)
-
-
-def _check_json_size(x: Any, limit: int = 1_000_000) -> None:
-    """Refuse to serialise more than `limit` nodes: a list that holds itself twice, doubled 30 times, is tiny in
-    memory but would take json.dumps (holding the GIL) hours."""
-    stack, seen = [x], 0
-    while stack:
-        v = stack.pop()
-        seen += 1
-        if seen > limit:
-            raise TemplateBudgetExceeded(f"tojson: the value has over {limit} elements")
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    # HF's version: no HTML escaping, unicode kept (jinja's built-in returns escaped Markup)
-    _check_json_size(x)
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
-                      default=_json_default)
 
 
 class JsonArgs(dict):
@@ -196,46 +169,13 @@ class _GenerationTag(Extension):
         return caller()
 
 
-def _too_big(v: Any) -> bool:
-    return isinstance(v, (str, list, tuple, dict)) and len(v) > MAX_OUTPUT
-
-
-class _BoundedNamespace(Namespace):
-    """`namespace()` whose attributes cannot grow past the output budget (`{% set ns.s = ns.s ~ ns.s %}`)."""
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        if _too_big(value):
-            raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or items")
-        super().__setitem__(name, value)
-
-
-class _BoundedSandbox(SandboxedEnvironment):
-    """The sandbox with `*`, `**` and `+` checked before they run: `'x' * 10**9` would allocate in one step."""
-
-    intercepted_binops = frozenset({"*", "**", "+"})
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_OUTPUT:
-                    raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or items")
-        elif operator == "**":
-            if isinstance(right, int) and abs(right) > 1024 and left not in (0, 1, -1):
-                raise TemplateBudgetExceeded(f"template computed too large a power: ** {right}")
-        elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-            if len(left) + len(right) > MAX_OUTPUT:
-                raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or items")
-        return super().call_binop(context, operator, left, right)
-
-
 @functools.lru_cache(maxsize=1)
 def _jinja_env() -> SandboxedEnvironment:
     # Mutable sandbox (HF uses the immutable one): real templates such as Kimi-K2's call list.append on
     # lists they build themselves, as llama.cpp's minja allows; the sandbox still blocks unsafe attributes,
-    # and the messages handed in are copies.
-    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"])
-    env.globals["namespace"] = _BoundedNamespace
-    env.filters["tojson"] = _tojson
+    # and the messages handed in are copies. Operations that build values are bounded (jinja_bounds).
+    env = bounded_environment(trim_blocks=True, lstrip_blocks=True,
+                              extensions=[_GenerationTag, "jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -311,7 +251,7 @@ def render_chat(template: str, messages: list[dict[str, Any]], *, tools: list[di
     except jinja2.exceptions.SecurityError as e:
         raise TemplateError(f"template tried an unsafe operation: {e}") from None
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError,
-            ZeroDivisionError) as e:
+            ArithmeticError) as e:
         raise TemplateError(f"template error: {type(e).__name__}: {e}") from None
 
 
@@ -323,8 +263,9 @@ def _render_within(compiled: jinja2.Template, context: dict[str, Any], budget: B
         if event == "line":
             budget.step()
             for v in frame.f_locals.values():  # a variable doubled in a loop is caught before it is huge
-                if _too_big(v):
-                    raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or items")
+                if too_big(v):
+                    raise TemplateBudgetExceeded(f"template built a value of over {MAX_OUTPUT} characters or "
+                                                 f"{MAX_ITEMS} items")
         return on_line
 
     def on_call(frame: Any, event: str, arg: Any) -> Any:
@@ -362,7 +303,7 @@ def render_messages(template: str | None, messages: list[dict[str, Any]], *,
     except TemplateError as e:
         # Templates without a system role (Gemma: "System role not supported") get the system text folded
         # into the first user message, which is what their model cards recommend.
-        if isinstance(e, TemplateBudgetExceeded) or "system" not in str(e).lower() or \
+        if isinstance(e, (TemplateBudgetExceeded, TemplateCancelled)) or "system" not in str(e).lower() or \
                 not any(m.get("role") == "system" for m in messages):
             raise
         log.info("template rejects the system role; folding the system prompt into the first user message")

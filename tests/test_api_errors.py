@@ -432,12 +432,22 @@ def test_sigterm_shuts_down_gracefully(tmp_path: Path, synthetic_model) -> None:
                 for line in r.iter_lines():
                     got.append(json.loads(line))
 
-        t = threading.Thread(target=consume)
+        events: list[dict] = []
+
+        def watch() -> None:  # an open /api/events stream must end cleanly too (it used to be cancelled)
+            with httpx.stream("GET", url + "/api/events", timeout=60) as r:
+                for line in r.iter_lines():
+                    events.append(json.loads(line))
+
+        t, w = threading.Thread(target=consume), threading.Thread(target=watch)
         t.start()
-        while not got and t.is_alive():
+        w.start()
+        while (not got or not events) and t.is_alive() and w.is_alive():
             time.sleep(0.02)
         proc.terminate()  # SIGTERM
         t.join(30)
+        w.join(30)
+        assert not w.is_alive() and events[-1]["type"] == "closing"
         assert not t.is_alive() and len(got) > 1  # the stream ended, it did not hang
         assert "shutting down" in got[-1].get("error", "")  # aborted after the grace period, with a final line
         assert proc.wait(30) == 0

@@ -59,7 +59,13 @@ value = st.one_of(scalar, nested)
 @st.composite
 def raw_json(draw) -> bytes:
     """Bodies json.dumps cannot make: deep nesting, numbers past float range, lone surrogates, garbage."""
-    kind = draw(st.sampled_from(["deep", "bignum", "surrogate", "garbage", "notobject"]))
+    kind = draw(st.sampled_from(["deep", "bignum", "surrogate", "garbage", "notobject", "bomb"]))
+    if kind == "bomb":  # a request template that would build a huge value in one step (issue 14)
+        n = draw(st.integers(10**8, 10**10))
+        shape = draw(st.sampled_from(['{{ "x" * N }}{# #}', '{{ "x"|center(N) }}{# #}', '{{ "%Ns"|format("x") }}{# #}',
+                                      '{{ "x"|indent(N) }}{# #}', '{{ "{:>N}".format("x") }}{# #}',
+                                      '{{ printf "%Ns" "x" }}', '{{ "ab"|replace("", "y") * N }}{# #}']))
+        return json.dumps({"model": "tiny", "prompt": "x", "template": shape.replace("N", str(n))}).encode()
     if kind == "deep":
         n = draw(st.integers(100, 20000))
         return b'{"model": "tiny", "options": ' + b"[" * n + b"]" * n + b"}"

@@ -144,3 +144,75 @@ def test_version_answers_while_big_inputs_are_being_prepared(tmp_path: Path, syn
             t.join(120)
         d.stop()
     assert statuses and set(statuses) == {400}
+
+
+WIDTH_BOMBS = ['{{ printf "%999999999s" "x" }}', '{{ $x := "xxxxxxxx" }}' +
+               '{{ $x = printf "%s%s%s%s%s%s%s%s" $x $x $x $x $x $x $x $x }}' * 10,
+               '{{ "x"|center(10**9) }}{% if 1 %}{% endif %}', '{{ "%999999999s"|format("x") }}{# #}',
+               '{{ "x" * 10**9 }}{# #}', '{{ "x"|indent(10**9) }}{# #}', '{{ "{:>999999999}".format("x") }}{# #}']
+
+
+def test_width_bombs_are_400s_while_version_answers_and_a_stream_keeps_going(tmp_path: Path, synthetic_model) -> None:
+    gguf = Path(synthetic_model("tiny", formats=("gguf",))["gguf"])
+    d = start_daemon(tmp_path, backend=BACKENDS[0], context_length="1024")
+    stream_done = threading.Event()
+    lines: list[dict] = []
+    answers: list[tuple[int, str]] = []
+    try:
+        upload_model(d.url, gguf, "tiny")
+
+        def stream() -> None:
+            try:
+                with httpx.stream("POST", d.url + "/api/generate", timeout=300,
+                                  json={"model": "tiny", "prompt": "hi", "options": {"num_predict": 40}}) as r:
+                    lines.extend(json.loads(line) for line in r.iter_lines())
+            finally:
+                stream_done.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        rounds = 0
+        with httpx.Client(base_url=d.url, timeout=120) as c:
+            while rounds < 1 or not stream_done.is_set():  # at least every bomb once, until the stream ends
+                for bomb in WIDTH_BOMBS:
+                    r = c.post("/api/generate", json={"model": "tiny", "prompt": "x", "stream": False, "template": bomb})
+                    answers.append((r.status_code, r.json().get("error", "")))
+                    assert c.get("/api/version").status_code == 200
+                rounds += 1
+        t.join(300)
+    finally:
+        d.stop()
+    assert {s for s, _ in answers} == {400}
+    assert all("would build" in e or "too large" in e for _, e in answers), answers[:3]
+    assert lines and lines[-1]["done"] and lines[-1]["eval_count"] == 40
+    assert "error" not in "".join(json.dumps(x) for x in lines)
+
+
+def test_prepare_for_a_disconnected_client_stops_and_frees_the_pool(tmp_path: Path, synthetic_model) -> None:
+    # Each of the 100,000 steps serialises a 200 kB prompt: many minutes of work within the step budget, so the pool
+    # is only free again soon if the render stops at a step once the client has gone (and the counter says so).
+    gguf = Path(synthetic_model("tiny", formats=("gguf",))["gguf"])
+    d = start_daemon(tmp_path, backend=BACKENDS[0], context_length="1024")
+    try:
+        upload_model(d.url, gguf, "tiny")
+        warm = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
+        assert httpx.post(d.url + "/api/generate", json=warm, timeout=300).status_code == 200  # loaded
+        slow = "{% for i in range(100000) %}{% set s = messages|tojson %}{% endfor %}{{ messages[-1].content }}"
+        body = json.dumps({"model": "tiny", "prompt": "word " * 40_000, "stream": False, "template": slow}).encode()
+        port = int(d.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            deadline = time.monotonic() + 300
+            while d.ctx.workers.running == 0:
+                assert time.monotonic() < deadline, "the render never started"
+                time.sleep(0.01)
+        deadline = time.monotonic() + 300  # far less than the render's time, far more than one step
+        while d.ctx.workers.running:
+            assert time.monotonic() < deadline, "the render went on for a client that had gone"
+            time.sleep(0.01)
+        assert d.ctx.workers.cancelled == 1
+        r = httpx.post(d.url + "/api/generate", json=warm, timeout=300)
+        assert r.status_code == 200 and r.json()["done"]
+    finally:
+        d.stop()

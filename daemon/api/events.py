@@ -165,6 +165,8 @@ async def events(request: Request) -> StreamingResponse:
                 if notice is not None:
                     yield (json.dumps(notice) + "\n").encode()
                 yield (json.dumps(ev, default=str) + "\n").encode()
+                if ev.get("type") == "closing":  # the daemon is stopping: end the stream before uvicorn cancels it
+                    return
         finally:
             hub.unsubscribe(sub)
 

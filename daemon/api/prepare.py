@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .. import cancel
 from ..engine.grammar import Constraint, GrammarError, grammar_for_format
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import SamplingParams
@@ -74,6 +75,7 @@ def response_format_grammar(rf: Any) -> str | None:
 def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParams, window: int,
             think: bool | str | None = None, tools: list[dict[str, Any]] | None = None,
             grammar: str | None = None) -> Prepared:
+    cancel.checkpoint()  # before compiling the grammar, the last long step
     fit_to_context(ids, params, window, model)
     return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think))
 
@@ -199,6 +201,7 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
 
 def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:
     """One embedding input's ids, cut to the window when `truncate`; 400 otherwise or when nothing is left."""
+    cancel.checkpoint()
     ids = list(model.runner.tokenizer.encode(text, add_special=True, parse_special=True))
     ctx = model.context_length
     if len(ids) > ctx:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .. import cancel
 from .. import templates as tpl
 from ..models import LoadedModel
 from .errors import APIError
@@ -80,6 +81,8 @@ def render_chat(model: LoadedModel, messages: list[dict[str, Any]], *, tools: li
     try:
         text = tpl.render_messages(template_of(model), msgs, tools=tools, bos_token=_bos_text(model), eos_token=_eos_text(model),
                                    think=think)
+    except tpl.TemplateCancelled:
+        raise
     except tpl.TemplateError as e:
         raise APIError(400, f"cannot render the chat template of '{model.name}': {e}") from None
     return text, True
@@ -92,6 +95,8 @@ def render_generate(model: LoadedModel, prompt: str, *, system: str | None, suff
                                    model_system=model.record.system, model_messages=model.record.messages,
                                    suffix=suffix or None, bos_token=_bos_text(model), eos_token=_eos_text(model),
                                    think=think)
+    except tpl.TemplateCancelled:
+        raise
     except tpl.SuffixNotSupported:
         raise APIError(400, f"model '{model.name}' does not support insert (its template has no .Suffix)") from None
     except tpl.TemplateError as e:
@@ -100,6 +105,7 @@ def render_generate(model: LoadedModel, prompt: str, *, system: str | None, suff
 
 
 def encode(model: LoadedModel, text: str, *, add_special: bool) -> list[int]:
+    cancel.checkpoint()  # the render may have been long: its client may have gone since
     tok = model.runner.tokenizer
     ids = list(tok.encode(text, add_special=add_special, parse_special=True))
     bos = tok.bos_id

@@ -1,5 +1,5 @@
 """The bounded worker pool that runs a request's CPU work (parsing, template rendering, tokenizing) off the event
-loop, and abandons it when the client goes away."""
+loop, and stops it when the client goes away (the work checks the request's cancellation flag at its steps)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +11,7 @@ from typing import Any, Callable, TypeVar
 
 from fastapi import Request
 
+from .. import cancel
 from .errors import APIError
 
 log = logging.getLogger(__name__)
@@ -34,33 +35,42 @@ class WorkerPool:
         self._ex = ThreadPoolExecutor(self.size, thread_name_prefix="evenflow-prepare")
         self._lock = threading.Lock()
         self.running = 0  # functions executing in the pool right now (abandoned ones included until they end)
+        self.cancelled = 0  # functions that stopped at a checkpoint because their client had gone
 
-    def _tracked(self, fn: Callable[..., T], *args: Any) -> T:
+    def _tracked(self, flag: threading.Event, fn: Callable[..., T], *args: Any) -> T:
         with self._lock:
             self.running += 1
         try:
-            return fn(*args)
+            with cancel.scope(flag):
+                return fn(*args)
+        except cancel.Cancelled:
+            with self._lock:
+                self.cancelled += 1
+            raise
         finally:
             with self._lock:
                 self.running -= 1
 
     async def run(self, request: Request | None, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the pool. A client gone while it waits or runs: the work is cancelled if not started,
-        its result dropped if it was, and the request ends with 499."""
-        fut = asyncio.get_running_loop().run_in_executor(self._ex, self._tracked, fn, *args)
+        stopped at its next checkpoint if it was, and the request ends with 499."""
+        flag = threading.Event()
+        fut = asyncio.get_running_loop().run_in_executor(self._ex, self._tracked, flag, fn, *args)
         if request is None:
             return await fut
         gone = asyncio.create_task(_disconnected(request), name=WATCH_TASK)
         try:
             done, _ = await asyncio.wait({fut, gone}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
+            flag.set()
             fut.cancel()
             raise
         finally:
             gone.cancel()
         if fut in done:
             return fut.result()
-        fut.cancel()  # not started yet: never runs; running: it ends in its thread and its result is dropped
+        flag.set()  # running: it stops at its next checkpoint (a template step, before tokenizing)
+        fut.cancel()  # not started yet: never runs
         raise APIError(CLIENT_GONE, "the client disconnected")
 
     def shutdown(self) -> None:

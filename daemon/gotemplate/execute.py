@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .budget import Budget
+from .budget import Budget, check_size
 from .errors import TemplateError
-from .funcs import FUNCS, LAZY_FUNCS, GoValue, go_str, truth, _get_field
+from .funcs import FUNCS, LAZY_FUNCS, GoValue, go_str, printed_size, truth, _get_field
 from .parser import Action, Branch, Loop, Operand, Pipe, parse
 
 
@@ -105,6 +105,7 @@ class _Exec:
             elif isinstance(node, Action):
                 value = self.pipe(node.pipe, dot)
                 if not node.pipe.decl:
+                    check_size(printed_size(value), "printing a value")
                     self.write(go_str(value))
             elif isinstance(node, Branch):
                 self.branch(node, dot)

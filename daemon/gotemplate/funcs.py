@@ -8,6 +8,7 @@ import re
 import urllib.parse
 from typing import Any, Callable
 
+from .budget import TemplateBudgetExceeded, check_size, size_of
 from .errors import TemplateError
 
 
@@ -19,6 +20,11 @@ class GoValue:
 
     def __str__(self) -> str:
         return self.text
+
+
+def printed_size(v: Any) -> int:
+    """At least the characters `v` prints as (counted without printing it)."""
+    return size_of(v, unpack=lambda x: x.text if isinstance(x, GoValue) else None)
 
 
 def truth(v: Any) -> bool:
@@ -129,7 +135,13 @@ def _slice(v: Any, *idx: Any) -> Any:
     return v[lo:hi]
 
 
+_VERB = re.compile(r"%([-+# 0]*\d*(?:\.\d+)?)([a-zA-Z%])")
+
+
 def _printf(fmt: str, *args: Any) -> str:
+    if isinstance(fmt, str):  # each verb prints one argument once, padded to its width (or precision)
+        pads = sum(int(n[:6]) for flags, _ in _VERB.findall(fmt) for n in re.findall(r"\d+", flags))
+        check_size(len(fmt) + printed_size(args) + pads, "printf")
     it = iter(args)
 
     def repl(m: re.Match[str]) -> str:
@@ -137,7 +149,7 @@ def _printf(fmt: str, *args: Any) -> str:
         if verb == "%":
             return "%"
         if any(len(n) > 4 for n in re.findall(r"\d+", m.group(1))):  # "%999999999d" would build a huge string
-            raise TemplateError(f"printf: width or precision too large in %{m.group(1)}{verb}")
+            raise TemplateBudgetExceeded(f"printf: width or precision too large in %{m.group(1)}{verb}")
         try:
             a = next(it)
         except StopIteration:
@@ -150,7 +162,7 @@ def _printf(fmt: str, *args: Any) -> str:
             return ("%" + m.group(1) + verb) % a
         return ("%" + m.group(1) + "s") % go_str(a)
 
-    return re.sub(r"%([-+# 0]*\d*(?:\.\d+)?)([a-zA-Z%])", repl, fmt)
+    return _VERB.sub(repl, fmt)
 
 
 def _print(*args: Any) -> str:
@@ -181,6 +193,14 @@ def _ts_type(v: Any) -> str:
         str(t), "any")
 
 
+def _bounded(name: str, factor: int, fn: Callable[..., str]) -> Callable[..., str]:
+    """`fn` refusing arguments whose printed form, `factor` times longer (escaping), is past the value limit."""
+    def bounded(*args: Any) -> str:
+        check_size(printed_size(args) * factor, name)
+        return fn(*args)
+    return bounded
+
+
 FUNCS: dict[str, Callable[..., Any]] = {
     "not": lambda a: not truth(a),
     "eq": _eq,
@@ -192,13 +212,13 @@ FUNCS: dict[str, Callable[..., Any]] = {
     "len": _len,
     "index": _index,
     "slice": _slice,
-    "print": _print,
-    "println": lambda *a: " ".join(go_str(x) for x in a) + "\n",
+    "print": _bounded("print", 1, _print),
+    "println": _bounded("println", 1, lambda *a: " ".join(go_str(x) for x in a) + "\n"),
     "printf": _printf,
-    "json": _json,
-    "html": lambda *a: _html.escape(_print(*a)),
-    "js": lambda *a: json.dumps(_print(*a), ensure_ascii=False)[1:-1],
-    "urlquery": lambda *a: urllib.parse.quote_plus(_print(*a)),
+    "json": _bounded("json", 6, _json),
+    "html": _bounded("html", 6, lambda *a: _html.escape(_print(*a))),
+    "js": _bounded("js", 6, lambda *a: json.dumps(_print(*a), ensure_ascii=False)[1:-1]),
+    "urlquery": _bounded("urlquery", 9, lambda *a: urllib.parse.quote_plus(_print(*a))),
     "currentDate": lambda: _dt.date.today().strftime("%Y-%m-%d"),
     "yesterdayDate": lambda: (_dt.date.today() - _dt.timedelta(days=1)).strftime("%Y-%m-%d"),
     "toTypeScriptType": _ts_type,

@@ -1,8 +1,14 @@
 """Soak test: a daemon started with default settings (its synthetic `demo` model), driven over HTTP for a given
 time by N looping streams (a share of them disconnecting mid-stream), a long-document client, a client looping on
-bad input (a 4 MB prompt, a template bomb) and a /api/version prober. Prints a table and writes JSON.
+bad input (a 4 MB prompt, template bombs: loops and widths) and a /api/version prober. Prints a table and writes JSON.
 
     python docs/bench/soak.py --minutes 10 --streams 4 --out docs/bench/soak.json
+
+RSS is sampled every 5 s. The warm-up runs the same load until every kind of request has been answered twice;
+the leak figure compares the idle RSS after it with the idle RSS at the end, each read after asking glibc to hand
+free memory back (malloc_trim), so allocator high-water marks do not count; start -> end and the peak are reported
+too. `--tracemalloc` runs the daemon with tracemalloc on and prints the allocation sites that grew between the end
+of warm-up and the end (a leak of Python objects shows there; allocator retention does not). `--env MALLOC_ARENA_MAX=2` passes settings to the daemon.
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import json
 import os
 import platform
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +42,58 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+# The daemon, with two bench-only signal hooks: SIGUSR1 dumps a tracemalloc snapshot (when EVENFLOW_SOAK_SNAP names
+# a path prefix), SIGUSR2 calls glibc's malloc_trim(0). Neither is part of the product.
+DAEMON = """
+import ctypes, os, signal, sys, tracemalloc
+snaps = os.environ.get("EVENFLOW_SOAK_SNAP")
+if snaps:
+    tracemalloc.start(1)
+    n = [0]
+    def snap(*_):
+        path = f"{snaps}.{n[0]}"
+        tracemalloc.take_snapshot().dump(path + ".tmp")
+        os.replace(path + ".tmp", path)
+        n[0] += 1
+    signal.signal(signal.SIGUSR1, snap)
+signal.signal(signal.SIGUSR2, lambda *_: ctypes.CDLL("libc.so.6").malloc_trim(0))
+from evenflow.clients.cli import main
+main(["serve"])
+"""
+
+
+def signal_and_wait(proc: subprocess.Popen, sig: int, path: Path | None = None, timeout: float = 120) -> None:
+    """Send `sig`; wait for `path` to appear (a snapshot) or, without one, for the daemon to have handled it."""
+    os.kill(proc.pid, sig)
+    deadline = time.monotonic() + timeout
+    while path is not None and not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)
+
+
+def top_growth(before: Path, after: Path, n: int = 12) -> list[dict]:
+    import tracemalloc  # noqa: PLC0415
+
+    diff = tracemalloc.Snapshot.load(str(after)).compare_to(tracemalloc.Snapshot.load(str(before)), "lineno")
+    return [{"site": str(d.traceback), "size_kb": round(d.size / 1024, 1), "growth_kb": round(d.size_diff / 1024, 1),
+             "count_diff": d.count_diff} for d in diff[:n]]
+
+
+class RssSampler(threading.Thread):
+    """RSS of `pid` every `every` seconds, as (seconds since start, MB)."""
+
+    def __init__(self, pid: int, every: float = 5.0) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.every, self.t0 = pid, every, time.monotonic()
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append((round(time.monotonic() - self.t0, 1), round(rss_kb(self.pid) / 1024, 1)))
+            self.stop.wait(self.every)
+
+
 def pct(xs: list[float], p: float) -> float:
     if not xs:
         return float("nan")
@@ -51,14 +110,22 @@ def metric(url: str, name: str) -> float:
 
 
 class Soak:
-    def __init__(self, url: str, model: str, seconds: float, streams: int, disconnect: float) -> None:
-        self.url, self.model, self.end = url, model, time.monotonic() + seconds
+    def __init__(self, url: str, model: str, seconds: float, streams: int, disconnect: float,
+                 enough: dict[str, int] | None = None) -> None:
+        self.url, self.model, self.deadline = url, model, time.monotonic() + seconds
+        self.enough = enough  # stop early once every count reached these (the warm-up: each kind of request done)
         self.streams, self.disconnect = streams, disconnect
         self.lock = threading.Lock()
         self.gaps: list[float] = []  # ms between chunks of the short streams
         self.version_ms: list[float] = []
         self.errors: list[str] = []
         self.counts = {"streams": 0, "disconnected": 0, "documents": 0, "bad_400": 0, "bad_413": 0}
+
+    @property
+    def end(self) -> float:
+        if self.enough and all(self.counts[k] >= n for k, n in self.enough.items()):
+            return 0.0
+        return self.deadline
 
     def error(self, what: str) -> None:
         with self.lock:
@@ -103,8 +170,12 @@ class Soak:
         with httpx.Client(base_url=self.url, timeout=600) as c:
             while time.monotonic() < self.end:
                 doc = " ".join(random.choice(words) for _ in range(1500))
-                r = c.post("/api/generate", json={"model": self.model, "prompt": doc, "stream": False,
-                                                  "options": {"num_predict": 8}})
+                try:
+                    r = c.post("/api/generate", json={"model": self.model, "prompt": doc, "stream": False,
+                                                      "options": {"num_predict": 8}})
+                except httpx.HTTPError as e:
+                    self.error(f"document transport: {type(e).__name__}")
+                    continue
                 if r.status_code == 200:
                     self.count("documents")
                 else:
@@ -112,8 +183,9 @@ class Soak:
 
     def bad_client(self) -> None:
         big = {"model": self.model, "prompt": "word " * (4 * 2**20 // 5), "stream": False}
-        bomb = {"model": self.model, "prompt": "x", "stream": False,
-                "template": "{{ range 3000 }}{{ range 3000 }}x{{ end }}{{ end }}"}
+        bombs = [{"model": self.model, "prompt": "x", "stream": False, "template": t} for t in (
+            "{{ range 3000 }}{{ range 3000 }}x{{ end }}{{ end }}", '{{ printf "%999999999s" "x" }}',
+            '{{ "x"|center(10**9) }}{% if 1 %}{% endif %}', '{{ "%999999999s"|format("x") }}{# jinja #}')]
         huge = b'{"model": "demo", "prompt": "' + b"y" * (40 * 2**20) + b'"}'
         with httpx.Client(base_url=self.url, timeout=300) as c:
             i = 0
@@ -128,7 +200,11 @@ class Soak:
                     ok = r.status_code == 413
                     key = "bad_413"
                 else:
-                    r = c.post("/api/generate", json=big if i % 2 else bomb)
+                    try:
+                        r = c.post("/api/generate", json=big if i % 2 else bombs[i // 2 % len(bombs)])
+                    except httpx.HTTPError as e:
+                        self.error(f"bad input transport: {type(e).__name__}")
+                        continue
                     ok = r.status_code == 400
                     key = "bad_400"
                 if ok:
@@ -140,7 +216,11 @@ class Soak:
         with httpx.Client(base_url=self.url, timeout=60) as c:
             while time.monotonic() < self.end:
                 t0 = time.perf_counter()
-                r = c.get("/api/version")
+                try:
+                    r = c.get("/api/version")
+                except httpx.HTTPError as e:
+                    self.error(f"version transport: {type(e).__name__}")
+                    continue
                 dt = (time.perf_counter() - t0) * 1e3
                 if r.status_code != 200:
                     self.error(f"version status {r.status_code}")
@@ -162,13 +242,21 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--disconnect", type=float, default=0.25, help="share of streams cut mid-way")
-    ap.add_argument("--warmup", type=float, default=30, help="seconds of the same load before RSS is first read")
+    ap.add_argument("--warmup", type=float, default=600,
+                    help="at most this many seconds of the same load before RSS is first read (it ends sooner, once "
+                         "every kind of request has been answered twice)")
     ap.add_argument("--out", default="docs/bench/soak.json")
+    ap.add_argument("--tracemalloc", action="store_true", help="diff allocation sites between warm-up and end")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V", help="extra daemon environment")
     args = ap.parse_args()
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="evenflow-soak-")
-    env = {**os.environ, "EVENFLOW_HOST": f"127.0.0.1:{port}", "EVENFLOW_MODELS": str(Path(tmp) / "models")}
-    proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve"], env=env,
+    env = {**os.environ, "EVENFLOW_HOST": f"127.0.0.1:{port}", "EVENFLOW_MODELS": str(Path(tmp) / "models"),
+           **dict(kv.split("=", 1) for kv in args.env)}
+    snap = Path(tmp) / "heap"
+    if args.tracemalloc:
+        env["EVENFLOW_SOAK_SNAP"] = str(snap)
+    proc = subprocess.Popen([sys.executable, "-c", DAEMON], env=env,
                             stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "daemon.log", "w"))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -183,16 +271,34 @@ def main() -> None:
                 raise SystemExit("the daemon did not start (see " + str(Path(tmp) / "daemon.log") + ")")
             time.sleep(0.2)
         warm = httpx.post(url + "/api/generate", json={"model": "demo", "prompt": "hi", "stream": False,
-                                                       "options": {"num_predict": 4}}, timeout=300)
+                                                       "options": {"num_predict": 4}}, timeout=900)
         assert warm.status_code == 200, warm.text
-        Soak(url, "demo", args.warmup, args.streams, args.disconnect).run()  # allocator arenas, caches: not a leak
-        rss0 = rss_kb(proc.pid)
+        sampler = RssSampler(proc.pid)
+        sampler.start()
+        rss_start = rss_kb(proc.pid)
+        t_warm = time.monotonic()
+        warmup = Soak(url, "demo", args.warmup, args.streams, args.disconnect,  # arenas, caches: not a leak
+                      enough={"streams": 2, "documents": 2, "bad_400": 4, "bad_413": 2})
+        warmup.run()
+        warm_s = time.monotonic() - t_warm
+        time.sleep(2)
+        if args.tracemalloc:
+            signal_and_wait(proc, signal.SIGUSR1, Path(f"{snap}.0"))
+        signal_and_wait(proc, signal.SIGUSR2)
+        rss0 = rss_kb(proc.pid)  # idle, after a trim: what the daemon holds once warm
         soak = Soak(url, "demo", args.minutes * 60, args.streams, args.disconnect)
         t0 = time.monotonic()
         soak.run()
         elapsed = time.monotonic() - t0
         time.sleep(2)  # let the last aborts reach the engine
         rss1 = rss_kb(proc.pid)
+        signal_and_wait(proc, signal.SIGUSR2)
+        rss_trim = rss_kb(proc.pid)
+        growth = None
+        if args.tracemalloc:
+            signal_and_wait(proc, signal.SIGUSR1, Path(f"{snap}.1"))
+            growth = top_growth(Path(f"{snap}.0"), Path(f"{snap}.1"))
+        sampler.stop.set()
         after = {"kv_blocks_used": metric(url, "evenflow_kv_blocks_used"),
                  "running": metric(url, "evenflow_running_sequences"),
                  "queue": metric(url, "evenflow_queue_depth"), "pool_running": None}
@@ -211,9 +317,16 @@ def main() -> None:
         "version_ms": {p: round(pct(soak.version_ms, float(p[1:])), 1) for p in ("p50", "p99")}
                       | {"max": round(max(soak.version_ms or [0]), 1), "n": len(soak.version_ms)},
         "after": {k: v for k, v in after.items() if v is not None}, "models_loaded_after": len(ps.get("models", [])),
-        "rss_mb": {"start": round(rss0 / 1024, 1), "end": round(rss1 / 1024, 1),
-                   "growth_pct": round(100 * (rss1 - rss0) / rss0, 2) if rss0 else None},
+        "warmup_s": round(warm_s, 1), "warmup_counts": warmup.counts, "daemon_env": dict(kv.split("=", 1) for kv in args.env),
+        "rss_mb": {"start": round(rss_start / 1024, 1), "after_warmup_idle_trimmed": round(rss0 / 1024, 1),
+                   "end": round(rss1 / 1024, 1), "end_idle_trimmed": round(rss_trim / 1024, 1),
+                   "peak_during_run": max(mb for _, mb in sampler.samples),
+                   "growth_pct_start_to_end": round(100 * (rss1 - rss_start) / rss_start, 2),
+                   "growth_pct_warmup_to_end": round(100 * (rss_trim - rss0) / rss0, 2)},
+        "rss_timeline_mb": sampler.samples,
     }
+    if growth is not None:
+        result["tracemalloc_top_growth"] = growth
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"soak: {result['minutes']} min on {cpu} ({os.cpu_count()} cores, shared machine)")
     print(f"{'errors':<28}{result['errors']}")
@@ -224,8 +337,13 @@ def main() -> None:
     print(f"{'/api/version ms p50/p99/max':<28}{result['version_ms']['p50']} / {result['version_ms']['p99']} / "
           f"{result['version_ms']['max']}")
     print(f"{'after: kv/running/queue':<28}{after['kv_blocks_used']:.0f} / {after['running']:.0f} / {after['queue']:.0f}")
-    print(f"{'RSS MB start -> end':<28}{result['rss_mb']['start']} -> {result['rss_mb']['end']} "
-          f"({result['rss_mb']['growth_pct']}%)")
+    r = result["rss_mb"]
+    print(f"{'RSS MB start -> end':<28}{r['start']} -> {r['end']} ({r['growth_pct_start_to_end']}%)")
+    print(f"{'RSS MB warm -> end (idle)':<28}{r['after_warmup_idle_trimmed']} -> {r['end_idle_trimmed']} "
+          f"({r['growth_pct_warmup_to_end']}%; both idle, after malloc_trim; warm-up {result['warmup_s']} s)")
+    print(f"{'RSS MB peak during the run':<28}{r['peak_during_run']}")
+    for g in growth or []:
+        print(f"  {g['growth_kb']:>10} kB {g['count_diff']:>8} objs  {g['site']}")
     print(f"wrote {args.out}")
 
 

@@ -69,3 +69,34 @@ def upload_model(url: str, gguf: Path, name: str, headers: dict[str, str] | None
 def kv_used(daemon: Daemon, name: str) -> int:
     m = daemon.ctx.manager.models.get(name)
     return m.engine.stats().kv_blocks_used if m is not None else 0
+
+
+class StepGate:
+    """Holds a loaded model's forward passes so a test sets the pace: `allow(n)` lets n steps through, `open()`
+    lets all through. A stream is then still running when the test acts on it, however fast the machine is
+    (the tiny model decodes 1500 tokens in well under a second). `close()` puts the runner back."""
+
+    def __init__(self, daemon: Daemon, name: str) -> None:
+        with httpx.Client(base_url=daemon.url, timeout=120) as c:  # load it (an empty generate only loads)
+            assert c.post("/api/generate", json={"model": name}).status_code == 200
+        model = daemon.ctx.manager.models[name if ":" in name else name + ":latest"]
+        self.runner, self._step = model.engine.runner, model.engine.runner.step
+        self._permits = threading.Semaphore(0)
+        self._open = False
+        self.runner.step = self._gated  # the engine calls self.runner.step(batch) each iteration
+
+    def _gated(self, batch: Any) -> Any:
+        if not self._open:
+            self._permits.acquire()
+        return self._step(batch)
+
+    def allow(self, n: int = 1) -> None:
+        self._permits.release(n)
+
+    def open(self) -> None:
+        self._open = True
+        self._permits.release()  # a step already waiting goes on
+
+    def close(self) -> None:
+        self.open()
+        self.runner.step = self._step

@@ -81,6 +81,26 @@ def test_generate_streamed_equals_unstreamed(client: ollama.Client) -> None:
         1 if final.done_reason == "stop" else 0)
 
 
+def test_ignore_eos_runs_past_the_end_token(client: ollama.Client, daemon: Daemon) -> None:
+    """`ignore_eos` (llama-server's and vLLM's extension): a greedy run that ended on EOS goes on to num_predict,
+    with the same tokens up to where the EOS was."""
+    opts = {"temperature": 0, "num_predict": 200}
+    ended = [(p, r) for p in (f"story {i}" for i in range(8))
+             if (r := client.generate("tiny", p, options=opts)).done_reason == "stop"]
+    if not ended:
+        pytest.skip("no greedy run of these prompts ends on EOS with this model on this machine")
+    prompt, short = ended[0]
+    full = client.generate("tiny", prompt, options={**opts, "ignore_eos": True})
+    assert full.done_reason == "length" and full.eval_count == 200 > short.eval_count
+    assert full.response.startswith(short.response)
+    oai = httpx.post(f"{daemon.url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 200,
+                                                            "temperature": 0, "ignore_eos": True}, timeout=120)
+    assert oai.status_code == 200 and oai.json()["usage"]["completion_tokens"] == 200, oai.text
+    with pytest.raises(ollama.ResponseError, match="ignore_eos") as e:
+        client.generate("tiny", prompt, options={"ignore_eos": "yes"})
+    assert e.value.status_code == 400
+
+
 def test_generate_context_continues(client: ollama.Client) -> None:
     first = client.generate("tiny", "Once upon a time", options=GREEDY)
     second = client.generate("tiny", "and then", context=first.context, options=GREEDY)

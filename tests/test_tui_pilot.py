@@ -11,7 +11,7 @@ import httpx
 import pytest
 from textual.widgets import Input, Markdown
 
-from api_harness import BACKENDS, Daemon, kv_used, start_daemon, upload_model
+from api_harness import BACKENDS, Daemon, StepGate, kv_used, start_daemon, upload_model
 from evenflow.tui.app import EvenflowApp
 from evenflow.tui.chat import ChatScreen
 from evenflow.tui.demo import workload
@@ -64,26 +64,37 @@ def test_streams_appear_and_ingest_progress_moves(daemon: Daemon) -> None:
                 seen.append(("token", ev["seq_id"], ev["output_tokens"]))
 
         app.state.apply = record  # type: ignore[method-assign]
-        async with app.run_test(size=(120, 36)) as pilot:
-            await until(pilot, lambda: app.connected, "the feed")
-            async with httpx.AsyncClient(base_url=daemon.url, timeout=WAIT_S) as c:
-                chats = [asyncio.create_task(c.post("/api/generate", json={
-                    "model": "tiny", "prompt": f"story {i}", "stream": False,
-                    "options": {"num_predict": 300, "seed": i, "temperature": 0}})) for i in range(2)]
-                await until(pilot, lambda: sum(s.state == "decoding" for s in app.state.streams.values()) == 2,
-                            "two streams decoding")
-                doc = asyncio.create_task(c.post("/api/generate", json={
-                    "model": "tiny", "prompt": "word " * 800, "stream": False, "options": {"num_predict": 2}}))
-                long = lambda: [s for s in app.state.streams.values() if s.prompt_tokens > 500]  # noqa: E731
-                await until(pilot, lambda: bool(long()) and long()[0].state in ("decoding", "done"), "the document")
-                seq = long()[0].seq_id
-                await until(pilot, lambda: any(r[3] == "decoding" for r in table_rows(app)), "rows on screen")
-                rows = table_rows(app)
-                assert {r[2] for r in rows} >= {"generate"} and any(r[1] == "tiny" for r in rows)
-                assert any(r[4].endswith(str(long()[0].prompt_tokens)) or r[4] == str(long()[0].prompt_tokens)
-                           for r in rows), rows
-                for t in (*chats, doc):
-                    assert (await t).status_code == 200
+        gate = StepGate(daemon, "tiny")  # one step per look until the document is queued behind both streams
+
+        def step(cond: Callable[[], bool]) -> Callable[[], bool]:
+            return lambda: gate.allow(1) or cond()
+
+        try:
+            async with app.run_test(size=(120, 36)) as pilot:
+                await until(pilot, lambda: app.connected, "the feed")
+                async with httpx.AsyncClient(base_url=daemon.url, timeout=WAIT_S) as c:
+                    chats = [asyncio.create_task(c.post("/api/generate", json={
+                        "model": "tiny", "prompt": f"story {i}", "stream": False,
+                        "options": {"num_predict": 1000, "seed": i, "temperature": 0, "ignore_eos": True}}))
+                        for i in range(2)]  # no EOS: 1000 tokens, and the document needs 50 steps
+                    await until(pilot, step(lambda: sum(s.state == "decoding" for s in app.state.streams.values())
+                                            == 2), "two streams decoding")
+                    doc = asyncio.create_task(c.post("/api/generate", json={
+                        "model": "tiny", "prompt": "word " * 800, "stream": False, "options": {"num_predict": 2}}))
+                    long = lambda: [s for s in app.state.streams.values() if s.prompt_tokens > 500]  # noqa: E731
+                    await until(pilot, step(lambda: bool(long())), "the document queued")
+                    gate.open()
+                    await until(pilot, lambda: long()[0].state in ("decoding", "done"), "the document")
+                    seq = long()[0].seq_id
+                    await until(pilot, lambda: any(r[3] == "decoding" for r in table_rows(app)), "rows on screen")
+                    rows = table_rows(app)
+                    assert {r[2] for r in rows} >= {"generate"} and any(r[1] == "tiny" for r in rows)
+                    assert any(r[4].endswith(str(long()[0].prompt_tokens)) or r[4] == str(long()[0].prompt_tokens)
+                               for r in rows), rows
+                    for t in (*chats, doc):
+                        assert (await t).status_code == 200
+        finally:
+            gate.close()
         prefills = [(i, v) for i, (k, sid, v) in enumerate(seen) if k == "prefill" and sid == seq]
         values = [v for _, v in prefills]
         assert len(values) >= 20 and values == sorted(values), values  # 800 tokens at 16 per step, in order
@@ -95,6 +106,8 @@ def test_streams_appear_and_ingest_progress_moves(daemon: Daemon) -> None:
 
 
 def test_chat_streams_a_reply_and_esc_stops_it(daemon: Daemon) -> None:
+    gate = StepGate(daemon, "tiny")  # steps go through as the test lets them: the reply is still streaming at Esc
+
     async def go() -> None:
         app = EvenflowApp(daemon.url)
         async with app.run_test(size=(100, 30)) as pilot:
@@ -103,30 +116,39 @@ def test_chat_streams_a_reply_and_esc_stops_it(daemon: Daemon) -> None:
             chat = app.screen
             assert isinstance(chat, ChatScreen)
             await until(pilot, lambda: chat.model == "tiny:latest", "the model list")
-            chat.options = {"temperature": 0, "num_predict": 1500}  # greedy: this reply runs to 1500 tokens
+            chat.options = {"temperature": 0, "num_predict": 1500, "ignore_eos": True}  # runs to 1500 tokens
             chat.query_one("#prompt", Input).value = "Tell me a long story"
             await pilot.press("enter")
             reply = chat.query(Markdown).last()
             lengths: set[int] = set()
 
             def grown() -> bool:
+                gate.allow(4)  # a few tokens per look: far fewer than 1500 go through before Esc
                 lengths.add(len(reply.source))
                 return len([n for n in lengths if n > 0]) >= 3
 
-            await until(pilot, grown, "a reply streaming in")
+            await until(pilot, grown, lambda: f"a reply streaming in (lengths seen {sorted(lengths)})")
             streams = lambda: [s for s in app.state.streams.values() if s.endpoint == "/api/chat"]  # noqa: E731
-            assert streams() and streams()[-1].state == "decoding"
+            await until(pilot, lambda: bool(streams()) and streams()[-1].state == "decoding", "the stream's state")
             await pilot.press("escape")
             await until(pilot, lambda: not chat.replying, "the reply to stop")
             assert "(stopped)" in reply.source
-            await until(pilot, lambda: streams()[-1].state == "done", "the daemon to finish the sequence")
+
+            def finished() -> bool:
+                gate.allow(1)  # one step per look: the abort lands long before 1500 tokens could
+                return streams()[-1].state == "done"
+
+            await until(pilot, finished, "the daemon to finish the sequence")
             assert streams()[-1].done_reason == "abort"
             await until(pilot, lambda: kv_used(daemon, "tiny:latest") == 0, "the KV to be freed")
             assert isinstance(app.screen, ChatScreen)  # Esc while streaming stops; it does not leave the chat
             await pilot.press("escape")
             assert not isinstance(app.screen, ChatScreen)
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    finally:
+        gate.close()
 
 
 def test_daemon_restart_is_survived(tmp_path: Path, gguf: Path) -> None:

@@ -135,7 +135,8 @@ def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedM
     return sampling_params(None, model.record.params, num_predict=max_tokens, stop=stop, seed=req.seed,
                            temperature=1.0 if req.temperature is None else req.temperature,
                            top_p=1.0 if req.top_p is None else req.top_p,
-                           frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty)
+                           frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+                           ignore_eos=req.ignore_eos)
 
 
 MAX_CHOICES = 8

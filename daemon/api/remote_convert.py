@@ -11,7 +11,7 @@ from .errors import APIError
 # Ollama option -> OpenAI field (top_k, min_p and repetition_penalty are the vLLM/SGLang/llama-server extras).
 _OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-            "repeat_penalty": "repetition_penalty", "stop": "stop"}
+            "repeat_penalty": "repetition_penalty", "stop": "stop", "ignore_eos": "ignore_eos"}
 
 
 def sampling(options: Any, defaults: dict[str, Any]) -> dict[str, Any]:

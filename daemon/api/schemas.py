@@ -167,6 +167,7 @@ class _OAICommon(_Req):
     response_format: Any = None
     logprobs: Any = None  # chat: bool; completions: int (the number of top logprobs)
     top_logprobs: Optional[StrictInt] = None
+    ignore_eos: Optional[StrictBool] = None  # vLLM's and llama-server's extension
 
 
 class OAIFunctionCall(_Req):

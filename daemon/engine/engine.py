@@ -143,6 +143,7 @@ class Engine:
             on_release=self._release_slot)
         self.context_length = min(self.config.context_length or runner.info.context_length, runner.info.context_length)
         self.eos_ids = set(runner.tokenizer.eos_ids)
+        self._eos_index = np.array(sorted(e for e in self.eos_ids if 0 <= e < runner.info.vocab_size), dtype=np.int64)
         self.grammars = GrammarCompiler(runner.tokenizer, runner.info.vocab_size)
         self._states: dict[int, _SeqState] = {}
         self._held: dict[int, list[Sequence]] = {}  # n > 1: first sequence's id -> the others, not yet queued
@@ -368,6 +369,10 @@ class Engine:
             constrained = [(i, c) for i, q in enumerate(seqs)
                            if (c := self._states[q.seq_id].constraint) is not None and c.active]
             mask_rows(self.grammars.executor if constrained else None, logits, constrained)
+            ruled = {i for i, _ in constrained}
+            no_eos = [i for i, q in enumerate(seqs) if q.params.ignore_eos and i not in ruled]
+            if no_eos and self._eos_index.size:  # a grammar, when active, decides where the end may come
+                logits[np.ix_(no_eos, self._eos_index)] = -np.inf
             toks = sample_batch(
                 logits, [q.params for q in seqs],
                 [self._states[q.seq_id].rng for q in seqs],

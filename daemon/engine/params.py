@@ -40,6 +40,7 @@ class SamplingParams:
     seed: int = -1  # -1 = random
     num_predict: int = -1  # -1 = until a stop condition, -2 = until the context is full
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # an extension (llama-server, vLLM): end-of-generation tokens are never sampled
 
     def __post_init__(self) -> None:
         self.validate()
@@ -71,6 +72,8 @@ class SamplingParams:
             raise InvalidParams(f"option 'repeat_last_n' must be >= -1, got {self.repeat_last_n}")
         if self.num_predict < -2:
             raise InvalidParams(f"option 'num_predict' must be -1, -2 or >= 0, got {self.num_predict}")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidParams(f"option 'ignore_eos' must be a boolean, got {self.ignore_eos!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):

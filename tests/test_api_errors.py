@@ -213,7 +213,7 @@ def test_disconnect_mid_stream_frees_kv(daemon: Daemon) -> None:
     with httpx.Client(base_url=daemon.url, timeout=60) as c:
         c.post("/api/generate", json={"model": "tiny", "stream": False})  # load
         body = {"model": "tiny", "prompt": "a long story",
-                "options": {"num_predict": 100000, "num_ctx": 2048, "temperature": 0}}
+                "options": {"num_predict": 100000, "num_ctx": 2048, "temperature": 0, "ignore_eos": True}}
         with c.stream("POST", "/api/generate", json=body) as r:
             lines = r.iter_lines()
             for _ in range(5):
@@ -282,7 +282,7 @@ def test_client_gone_before_its_stream_starts(daemon: Daemon) -> None:
     assert MODEL not in daemon.ctx.manager.models
     aborted, abandoned, finished = _aborted(daemon), _abandoned(daemon, "/api/generate"), _finished(daemon)
     body = {"model": "tiny", "prompt": "a long story", "keep_alive": "5m",
-            "options": {"num_predict": 100000, "num_ctx": 2048, "temperature": 0}}
+            "options": {"num_predict": 100000, "num_ctx": 2048, "temperature": 0, "ignore_eos": True}}
     payload = json.dumps(body).encode()
     host, port = daemon.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
@@ -313,7 +313,7 @@ def test_response_never_started_still_frees_its_sequence(daemon: Daemon, path: s
 
     httpx.post(daemon.url + "/api/generate", json={"model": "tiny"}, timeout=60)  # loaded
     aborted = _aborted(daemon)
-    payload = json.dumps({"model": "tiny", "options": {"num_predict": 100000, "temperature": 0},
+    payload = json.dumps({"model": "tiny", "options": {"num_predict": 100000, "temperature": 0, "ignore_eos": True},
                           "max_tokens": 100000, **extra}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",

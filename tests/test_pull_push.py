@@ -101,6 +101,56 @@ def test_interrupted_pull_resumes_and_fetches_only_the_rest(daemon: Daemon, regi
     assert not list(blobs.glob("*-partial*"))
 
 
+def wait_until(cond: Any, what: str, timeout: float = 60) -> None:
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def pull_then_leave(url: str, name: str, digest: str) -> None:
+    """Start a pull and hang up once the daemon reports the blob `digest` (its download is under way)."""
+    with httpx.stream("POST", url + "/api/pull", json={"model": name, "insecure": True}, timeout=120) as r:
+        for line in r.iter_lines():
+            if line and json.loads(line).get("digest") == digest:
+                return
+
+
+def test_a_pull_its_client_left_stops_and_the_next_resumes(daemon: Daemon, registry: Registry, gguf: Path) -> None:
+    raw = registry.add_model("library", "tiny", "latest", gguf)
+    digest = json.loads(raw)["layers"][0]["digest"]
+    size, name = gguf.stat().st_size, f"{registry.host}/library/tiny:latest"
+    downloads = daemon.ctx.store.store.downloads
+    registry.gate.clear()  # the blob GET waits at the registry: the download is in flight when the client leaves
+    pull_then_leave(daemon.url, name, digest)
+    wait_until(lambda: [dl.cancelled.is_set() for dl in downloads.active()] == [True], "the download to be cancelled")
+    registry.gate.set()  # bytes flow again: the cancelled download keeps what came and stops
+    wait_until(lambda: not downloads.active(), "the download to stop")
+    blobs = store_root(daemon) / "blobs"
+    part = json.loads((blobs / f"sha256-{digest[7:]}-partial-0").read_text())
+    assert 0 < part["Completed"] < size, part
+    assert not (blobs / f"sha256-{digest[7:]}").exists()
+    assert name not in [m.model for m in ollama.Client(host=daemon.url).list().models]
+
+    # two pullers of one blob: the one that leaves does not stop it for the other
+    registry.gate.clear()
+    registry.ranged.clear()
+    stayer: list[list[dict[str, Any]]] = []
+    t = threading.Thread(target=lambda: stayer.append(pull_lines(daemon.url, name)))
+    t.start()
+    assert registry.ranged.wait(60)
+    pull_then_leave(daemon.url, name, digest)
+    registry.gate.set()
+    t.join(120)
+    assert stayer[0][-1] == {"status": "success"}
+    assert [r for m, p, r in registry.log if p.endswith(digest) and r][-1] == f"bytes={part['Completed']}-{size - 1}"
+    assert (blobs / f"sha256-{digest[7:]}").read_bytes() == gguf.read_bytes()
+    assert not list(blobs.glob("*-partial*"))
+
+
 def test_digest_mismatch_fails_and_leaves_no_manifest(daemon: Daemon, registry: Registry, gguf: Path) -> None:
     raw = registry.add_model("library", "tiny", "latest", gguf)
     digest = json.loads(raw)["layers"][0]["digest"]

@@ -75,17 +75,18 @@ def test_pulls_in_progress_show_in_resources(tmp_path: Path, gguf: Path) -> None
             reg.gate.clear()
             task = asyncio.create_task(asyncio.to_thread(pull, d.url, name))
             mine = lambda: [p for p in app.state.pulls.values() if p.model == name]  # noqa: E731
-            await until(pilot, lambda: bool(mine()) and mine()[0].total == gguf.stat().st_size, "the pull's size")
+            # the whole pull's size (model + config) from the first layer on, so the percentage never steps back
+            await until(pilot, lambda: bool(mine()) and mine()[0].total == total, "the pull's size")
             await until(pilot, lambda: name in resources_text(app) and "pulling " in resources_text(app),
                         "the pull on screen")
             lines = resources_text(app).splitlines()
             at = [line.strip() for line in lines].index(name)  # name, bar + percent, bytes, status
             assert lines[at + 1].strip() == "░" * 10 + "   0%", lines[at:]
-            assert lines[at + 2].strip() == f"0 B/{fmt_size(gguf.stat().st_size)}", lines[at:]
+            assert lines[at + 2].strip() == f"0 B/{fmt_size(total)}", lines[at:]
             assert lines[at + 3].strip().startswith("pulling "), lines[at:]
             hello = await asyncio.to_thread(first_hello, d.url)  # a reader arriving now learns of it
             assert [(p["model"], p["total"], p["completed"]) for p in hello["pulls"]] == [
-                (name, gguf.stat().st_size, 0)]
+                (name, total, 0)]
             reg.gate.set()
             done = await task
             assert done[-1] == {"status": "success"}

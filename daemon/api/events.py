@@ -84,6 +84,7 @@ class EventHub:
                                     "total": 0}
             self._pulls[info["id"]] = info
         layers: dict[str, tuple[int, int]] = {}  # digest -> (completed, total): bytes are summed over layers
+        sizes: dict[str, int] = getattr(steps, "sizes", {})  # every blob's size, once a manifest is read
         error: str | None = "the client disconnected"
         self._publish_pull("start", info)
         last = time.monotonic()
@@ -94,7 +95,8 @@ class EventHub:
                     if item.get("digest") and item.get("total"):
                         layers[item["digest"]] = (int(item.get("completed") or 0), int(item["total"]))
                         info["completed"] = sum(c for c, _ in layers.values())
-                        info["total"] = sum(t for _, t in layers.values())
+                    if sizes or layers:  # the whole pull's size once known, so the percentage never steps back
+                        info["total"] = sum(sizes.values()) or sum(t for _, t in layers.values())
                 if time.monotonic() - last >= PULL_EVERY_S:
                     last = time.monotonic()
                     self._publish_pull("progress", info)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from typing import Any, AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request
@@ -132,9 +133,18 @@ async def ps(request: Request) -> JSONResponse:
 async def _progress_response(steps: Iterator[dict[str, Any]], stream: bool | None, what: str) -> Response:
     """Stream Ollama's progress lines (an error becomes a last `{"error"}` line), or only the last (500 on error)."""
     done = object()
+    busy = threading.Lock()  # a disconnect can cancel us while a thread is inside next(): close after it returns
+
+    def step() -> Any:
+        with busy:
+            return next(steps, done)
+
+    def close() -> None:
+        with busy:
+            getattr(steps, "close", lambda: None)()
 
     async def items() -> AsyncIterator[dict[str, Any]]:
-        while (item := await asyncio.to_thread(next, steps, done)) is not done:
+        while (item := await asyncio.to_thread(step)) is not done:
             yield item
 
     if stream is False:
@@ -154,10 +164,8 @@ async def _progress_response(steps: Iterator[dict[str, Any]], stream: bool | Non
         except Exception as e:  # noqa: BLE001 - reported in Ollama's shape after the first byte
             log.warning("%s failed: %s", what, e)
             yield (json.dumps({"error": str(e)}) + "\n").encode()
-        finally:
-            close = getattr(steps, "close", None)
-            if close is not None:  # a client gone mid-pull: the shared download goes on for the others
-                await asyncio.to_thread(close)
+        finally:  # a client gone mid-pull: it stops waiting (a download no other puller waits for stops)
+            await asyncio.to_thread(close)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 

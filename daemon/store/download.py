@@ -3,7 +3,8 @@
 As Ollama's server/download.go: the data goes to `blobs/sha256-<hex>-partial`, each part's progress to
 `sha256-<hex>-partial-<N>` (JSON `{"N","Offset","Size","Completed"}`), so an interrupted pull asks only for
 the bytes it lacks; the file is hashed before it is renamed to its final name, and two pulls of one blob
-share one download.
+share one download. A download stops once no puller waits for it (its clients all left), keeping its parts for
+the next pull, as Ollama's `release()` cancels a blob download whose last reference is gone.
 """
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 
 MIN_PART, MAX_PART, MAX_PARTS = 100 * 1000 * 1000, 1000 * 1000 * 1000, 16
 RETRIES, BACKOFF_S = 3, 0.25
+
+
+class DownloadCancelled(Exception):
+    """Every puller of this blob left; the bytes fetched so far stay in the part files."""
 
 
 class DownloadError(Exception):
@@ -62,7 +67,24 @@ class BlobDownload:
         self._lock = threading.Lock()
         self.parts: list[Part] = []
         self.done = threading.Event()
+        self.cancelled = threading.Event()
         self.error: BaseException | None = None
+        self._refs = 0  # pullers waiting on it
+
+    def acquire(self) -> bool:
+        """One more puller; False once it was cancelled (the caller starts a new download)."""
+        with self._lock:
+            if self.cancelled.is_set():
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        """A puller is done with it; the last one to leave before the end cancels it."""
+        with self._lock:
+            self._refs -= 1
+            if self._refs == 0 and not self.done.is_set():
+                self.cancelled.set()
 
     @property
     def completed(self) -> int:
@@ -145,10 +167,14 @@ class BlobDownload:
                             part.completed += len(chunk)
                         if part.completed >= part.size:
                             break
+                        if self.cancelled.is_set():
+                            raise DownloadCancelled(f"{self.digest}: no puller waits for it")
                 if part.completed < part.size:
                     raise DownloadError(f"connection closed after {part.completed} of {part.size} bytes")
                 return
             except (httpx.HTTPError, DownloadError) as e:
+                if self.cancelled.is_set():
+                    raise DownloadCancelled(f"{self.digest}: no puller waits for it") from e
                 if attempt == RETRIES:
                     raise DownloadError(f"max retries exceeded: {e}") from e
                 log.warning("part %d of %s: %s; retrying", part.n, self.digest, e)
@@ -187,22 +213,37 @@ class DownloadManager:
         self._active: dict[str, BlobDownload] = {}
         self.started = 0  # downloads begun (a joined one is not counted again)
 
+    def active(self) -> list[BlobDownload]:
+        with self._lock:
+            return list(self._active.values())
+
     def get(self, digest: str, total: int, url_for: Callable[[], str],
             headers: dict[str, str] | None = None) -> BlobDownload:
-        with self._lock:
-            dl = self._active.get(digest)
-            if dl is not None:
-                return dl
-            dl = BlobDownload(self.layout, digest, total, url_for, self.part_size, headers or {})
-            self._active[digest] = dl
-            self.started += 1
+        """The download of `digest`, joined or started, with the caller counted as one of its pullers: pass it to
+        `wait_download`-style code that calls `release()` when it stops waiting."""
+        while True:
+            with self._lock:
+                dl = self._active.get(digest)
+                if dl is None:
+                    dl = BlobDownload(self.layout, digest, total, url_for, self.part_size, headers or {})
+                    dl.acquire()
+                    self._active[digest] = dl
+                    self.started += 1
+                    break
+                if dl.acquire():
+                    return dl
+            dl.done.wait()  # cancelled and still stopping: its part files are ours once it has
+            with self._lock:
+                if self._active.get(digest) is dl:
+                    del self._active[digest]
 
         def run() -> None:
             try:
                 dl.run()
             finally:
                 with self._lock:
-                    self._active.pop(digest, None)
+                    if self._active.get(digest) is dl:
+                        del self._active[digest]
 
         threading.Thread(target=run, name=f"pull-{digest[7:19]}", daemon=True).start()
         return dl

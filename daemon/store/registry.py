@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -103,27 +103,51 @@ def direct_blob_url(name: ModelName, digest: str, insecure: bool) -> str:
 
 
 def wait_download(dl: BlobDownload, label: str) -> Iterator[dict[str, Any]]:
-    """Progress lines every tick until the (possibly shared) download ends; raises its error."""
-    while not dl.done.wait(PROGRESS_EVERY_S):
-        yield _progress(label, dl.digest, dl.total, dl.completed)
+    """Progress lines every tick until the (possibly shared) download ends; raises its error. `dl` comes from
+    `downloads.get`, which counted this puller: leaving (closing the iterator: the client went away) releases it,
+    and the download stops once no puller is left."""
+    try:
+        while not dl.done.wait(PROGRESS_EVERY_S):
+            yield _progress(label, dl.digest, dl.total, dl.completed)
+    finally:
+        dl.release()
     if dl.error is not None:
         raise dl.error
     yield _progress(label, dl.digest, dl.total, dl.total)
 
 
-def pull(store: "ModelStore", name: str, insecure: bool = False) -> Iterator[dict[str, Any]]:
+class PullSteps:
+    """A pull's progress lines; once its manifest is read, `sizes` holds the size of every blob it needs (so a
+    watcher can show one total from the start rather than a sum that grows layer by layer)."""
+
+    def __init__(self, make: Callable[[dict[str, int]], Iterator[dict[str, Any]]]) -> None:
+        self.sizes: dict[str, int] = {}
+        self._it = make(self.sizes)
+
+    def __iter__(self) -> "PullSteps":
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()
+
+
+def pull(store: "ModelStore", name: str, insecure: bool = False) -> PullSteps:
     """Validate the name now; the returned iterator performs the pull, yielding Ollama's progress lines."""
     mn = parse_name(name)
-    return _pull(store, mn, insecure)
+    return PullSteps(lambda sizes: _pull(store, mn, insecure, sizes))
 
 
-def _pull(store: "ModelStore", mn: ModelName, insecure: bool) -> Iterator[dict[str, Any]]:
+def _pull(store: "ModelStore", mn: ModelName, insecure: bool, sizes: dict[str, int]) -> Iterator[dict[str, Any]]:
     yield _progress("pulling manifest")
     raw = fetch_manifest(mn, insecure)
     try:
         manifest = Manifest.from_bytes(raw)
     except ManifestError as e:
         raise RegistryError(f"pull model manifest: {mn.host} sent an invalid manifest: {e}") from e
+    sizes.update({layer.digest: layer.size for layer in [*manifest.layers, manifest.config]})
     for layer in [*manifest.layers, manifest.config]:
         yield from pull_blob(store, mn, layer, insecure)
     yield _progress("verifying sha256 digest")  # each blob was hashed before it got its final name

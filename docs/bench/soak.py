@@ -79,6 +79,36 @@ def top_growth(before: Path, after: Path, n: int = 12) -> list[dict]:
              "count_diff": d.count_diff} for d in diff[:n]]
 
 
+def mappings(pid: int) -> dict[tuple[str, str], int]:
+    """Resident kB per mapping of `pid` (/proc/PID/smaps), keyed by (address range, what it maps)."""
+    out: dict[tuple[str, str], int] = {}
+    key = None
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and ":" not in head[0]:
+            name = head[5] if len(head) > 5 else "[anon]"
+            key = ("brk", name) if name == "[heap]" else (head[0], name)  # the brk heap moves its end
+        elif key is not None and line.startswith("Rss:"):
+            out[key] = out.get(key, 0) + int(head[1])
+    return out
+
+
+def mapping_growth(before: dict[tuple[str, str], int], after: dict[tuple[str, str], int], n: int = 8) -> list[dict]:
+    """The mappings whose resident size changed most: the heap ([heap]/anonymous arenas) vs a fixed-size buffer."""
+    keys = set(before) | set(after)
+    rows = [{"range": k[0], "maps": k[1], "size_mb": round(_span(k[0]) / 2**20, 1),
+             "rss_before_mb": round(before.get(k, 0) / 1024, 1), "rss_after_mb": round(after.get(k, 0) / 1024, 1),
+             "growth_mb": round((after.get(k, 0) - before.get(k, 0)) / 1024, 1)} for k in keys]
+    return sorted(rows, key=lambda r: -abs(r["growth_mb"]))[:n]
+
+
+def _span(rng: str) -> int:
+    if "-" not in rng:
+        return 0
+    a, b = rng.split("-")
+    return int(b, 16) - int(a, 16)
+
+
 class RssSampler(threading.Thread):
     """RSS of `pid` every `every` seconds, as (seconds since start, MB)."""
 
@@ -286,6 +316,7 @@ def main() -> None:
             signal_and_wait(proc, signal.SIGUSR1, Path(f"{snap}.0"))
         signal_and_wait(proc, signal.SIGUSR2)
         rss0 = rss_kb(proc.pid)  # idle, after a trim: what the daemon holds once warm
+        maps0 = mappings(proc.pid)
         soak = Soak(url, "demo", args.minutes * 60, args.streams, args.disconnect)
         t0 = time.monotonic()
         soak.run()
@@ -294,6 +325,7 @@ def main() -> None:
         rss1 = rss_kb(proc.pid)
         signal_and_wait(proc, signal.SIGUSR2)
         rss_trim = rss_kb(proc.pid)
+        moved = mapping_growth(maps0, mappings(proc.pid))
         growth = None
         if args.tracemalloc:
             signal_and_wait(proc, signal.SIGUSR1, Path(f"{snap}.1"))
@@ -324,6 +356,7 @@ def main() -> None:
                    "growth_pct_start_to_end": round(100 * (rss1 - rss_start) / rss_start, 2),
                    "growth_pct_warmup_to_end": round(100 * (rss_trim - rss0) / rss0, 2)},
         "rss_timeline_mb": sampler.samples,
+        "mappings_that_grew": moved,  # idle after warm-up -> idle at the end, both after a trim
     }
     if growth is not None:
         result["tracemalloc_top_growth"] = growth
@@ -342,6 +375,10 @@ def main() -> None:
     print(f"{'RSS MB warm -> end (idle)':<28}{r['after_warmup_idle_trimmed']} -> {r['end_idle_trimmed']} "
           f"({r['growth_pct_warmup_to_end']}%; both idle, after malloc_trim; warm-up {result['warmup_s']} s)")
     print(f"{'RSS MB peak during the run':<28}{r['peak_during_run']}")
+    print("mappings whose resident size moved most (warm -> end, idle, trimmed):")
+    for m in moved:
+        print(f"  {m['growth_mb']:>+8} MB  {m['rss_before_mb']:>8} -> {m['rss_after_mb']:>8} of {m['size_mb']:>8} MB  "
+              f"{m['maps']} {m['range']}")
     for g in growth or []:
         print(f"  {g['growth_kb']:>10} kB {g['count_diff']:>8} objs  {g['site']}")
     print(f"wrote {args.out}")

@@ -7,7 +7,9 @@ bad input (a 4 MB prompt, template bombs: loops and widths) and a /api/version p
 RSS is sampled every 5 s. The warm-up runs the same load until every kind of request has been answered twice;
 the leak figure compares the idle RSS after it with the idle RSS at the end, each read after asking glibc to hand
 free memory back (malloc_trim), so allocator high-water marks do not count; start -> end and the peak are reported
-too. `--tracemalloc` runs the daemon with tracemalloc on and prints the allocation sites that grew between the end
+too. The load also pauses at `--checkpoints` even points (4: the last is the end) for the same idle reading: a leak
+grows from one to the next, a working set that is still being reached (first touches of buffers sized at load,
+allocator arenas) steps up and then stays. `--tracemalloc` runs the daemon with tracemalloc on and prints the allocation sites that grew between the end
 of warm-up and the end (a leak of Python objects shows there; allocator retention does not). `--env MALLOC_ARENA_MAX=2` passes settings to the daemon.
 """
 from __future__ import annotations
@@ -100,6 +102,12 @@ def mapping_growth(before: dict[tuple[str, str], int], after: dict[tuple[str, st
              "rss_before_mb": round(before.get(k, 0) / 1024, 1), "rss_after_mb": round(after.get(k, 0) / 1024, 1),
              "growth_mb": round((after.get(k, 0) - before.get(k, 0)) / 1024, 1)} for k in keys]
     return sorted(rows, key=lambda r: -abs(r["growth_mb"]))[:n]
+
+
+def largest_mapping(maps: dict[tuple[str, str], int]) -> float:
+    """Resident MB of the widest mapping: on the llama.cpp backend, its compute + KV buffers, sized at load."""
+    key = max(maps, key=lambda k: _span(k[0]))
+    return round(maps[key] / 1024, 1)
 
 
 def _span(rng: str) -> int:
@@ -275,6 +283,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=600,
                     help="at most this many seconds of the same load before RSS is first read (it ends sooner, once "
                          "every kind of request has been answered twice)")
+    ap.add_argument("--checkpoints", type=int, default=4,
+                    help="pause the load this many times (evenly; the last at the end) to read the idle trimmed RSS")
     ap.add_argument("--out", default="docs/bench/soak.json")
     ap.add_argument("--tracemalloc", action="store_true", help="diff allocation sites between warm-up and end")
     ap.add_argument("--env", action="append", default=[], metavar="K=V", help="extra daemon environment")
@@ -317,14 +327,20 @@ def main() -> None:
         signal_and_wait(proc, signal.SIGUSR2)
         rss0 = rss_kb(proc.pid)  # idle, after a trim: what the daemon holds once warm
         maps0 = mappings(proc.pid)
-        soak = Soak(url, "demo", args.minutes * 60, args.streams, args.disconnect)
+        soak = Soak(url, "demo", 0, args.streams, args.disconnect)
         t0 = time.monotonic()
-        soak.run()
+        checkpoints: list[tuple[float, float]] = []  # (minutes into the run, idle trimmed MB): a leak is a slope
+        biggest = [largest_mapping(maps0)]  # the resident MB of the largest mapping (llama.cpp's buffers) at each
+        for _ in range(args.checkpoints):
+            soak.deadline = time.monotonic() + args.minutes * 60 / args.checkpoints
+            soak.run()
+            time.sleep(2)  # let the last aborts reach the engine
+            rss1 = rss_kb(proc.pid)
+            signal_and_wait(proc, signal.SIGUSR2)
+            rss_trim = rss_kb(proc.pid)
+            checkpoints.append((round((time.monotonic() - t0) / 60, 2), round(rss_trim / 1024, 1)))
+            biggest.append(largest_mapping(mappings(proc.pid)))
         elapsed = time.monotonic() - t0
-        time.sleep(2)  # let the last aborts reach the engine
-        rss1 = rss_kb(proc.pid)
-        signal_and_wait(proc, signal.SIGUSR2)
-        rss_trim = rss_kb(proc.pid)
         moved = mapping_growth(maps0, mappings(proc.pid))
         growth = None
         if args.tracemalloc:
@@ -354,7 +370,11 @@ def main() -> None:
                    "end": round(rss1 / 1024, 1), "end_idle_trimmed": round(rss_trim / 1024, 1),
                    "peak_during_run": max(mb for _, mb in sampler.samples),
                    "growth_pct_start_to_end": round(100 * (rss1 - rss_start) / rss_start, 2),
-                   "growth_pct_warmup_to_end": round(100 * (rss_trim - rss0) / rss0, 2)},
+                   "growth_pct_warmup_to_end": round(100 * (rss_trim - rss0) / rss0, 2),
+                   "idle_trimmed_checkpoints": [(0.0, round(rss0 / 1024, 1)), *checkpoints],
+                   "largest_mapping_resident_at_checkpoints": biggest,
+                   "growth_pct_first_checkpoint_to_end": round(100 * (checkpoints[-1][1] - checkpoints[0][1])
+                                                              / checkpoints[0][1], 2)},
         "rss_timeline_mb": sampler.samples,
         "mappings_that_grew": moved,  # idle after warm-up -> idle at the end, both after a trim
     }
@@ -375,6 +395,9 @@ def main() -> None:
     print(f"{'RSS MB warm -> end (idle)':<28}{r['after_warmup_idle_trimmed']} -> {r['end_idle_trimmed']} "
           f"({r['growth_pct_warmup_to_end']}%; both idle, after malloc_trim; warm-up {result['warmup_s']} s)")
     print(f"{'RSS MB peak during the run':<28}{r['peak_during_run']}")
+    print(f"{'idle trimmed RSS MB':<28}" + ", ".join(f"{mb} at {m} min" for m, mb in r["idle_trimmed_checkpoints"])
+          + f"  ({r['growth_pct_first_checkpoint_to_end']}% from the first checkpoint to the end)")
+    print(f"{'  of which largest mapping':<28}" + ", ".join(f"{mb}" for mb in r["largest_mapping_resident_at_checkpoints"]))
     print("mappings whose resident size moved most (warm -> end, idle, trimmed):")
     for m in moved:
         print(f"  {m['growth_mb']:>+8} MB  {m['rss_before_mb']:>8} -> {m['rss_after_mb']:>8} of {m['size_mb']:>8} MB  "

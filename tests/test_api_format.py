@@ -172,6 +172,18 @@ def test_completions_stream_usage_is_null_until_the_last_chunk(oai: openai.OpenA
     assert len(chunks) > 1 and all(c.usage is None for c in chunks[:-1])
 
 
+@first_backend_only
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", {"messages": MSGS}), ("/v1/completions", {"prompt": "Hi"})])
+def test_with_include_usage_every_chunk_carries_usage_null_on_the_wire(daemon, path: str, body: dict) -> None:
+    """OpenAI's wire format: the key is there and null (a client model's default None would hide its absence)."""
+    with httpx.stream("POST", daemon.url + path, json={"model": "tiny", "max_tokens": 5, "temperature": 0,
+                                                       "stream": True, "stream_options": {"include_usage": True},
+                                                       **body}) as r:
+        objs = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert objs[-1]["choices"] == [] and objs[-1]["usage"]["completion_tokens"] > 0
+    assert len(objs) > 2 and all("usage" in o and o["usage"] is None for o in objs[:-1])
+
+
 def test_thinking_detected_from_what_a_jinja_template_does_with_enable_thinking() -> None:
     from evenflow.daemon.templates import template_capabilities
 

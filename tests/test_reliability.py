@@ -185,7 +185,7 @@ def test_width_bombs_are_400s_while_version_answers_and_a_stream_keeps_going(tmp
     assert {s for s, _ in answers} == {400}
     assert all("would build" in e or "too large" in e for _, e in answers), answers[:3]
     assert lines and lines[-1]["done"] and lines[-1]["eval_count"] == 40
-    assert "error" not in "".join(json.dumps(x) for x in lines)
+    assert not [x for x in lines if "error" in x]  # no error line (the gibberish text itself may spell "error")
 
 
 def test_prepare_for_a_disconnected_client_stops_and_frees_the_pool(tmp_path: Path, synthetic_model) -> None:

@@ -178,7 +178,10 @@ async def chat_completions(request: Request) -> Response:
             if want_lp:
                 choice["logprobs"] = lp_format.openai_chat(tokenizer, pending[i]) if pending[i] else None
                 pending[i] = []
-            return {**base, "object": "chat.completion.chunk", "choices": [choice]}
+            obj = {**base, "object": "chat.completion.chunk", "choices": [choice]}
+            if include_usage:
+                obj["usage"] = None  # as OpenAI: null on content chunks, the real usage on the last one
+            return obj
 
         async for p in chunks.pieces():
             i = p.index

@@ -32,14 +32,18 @@ def tiny_gguf() -> Path:
 
 
 def make_runner(path: Path, seqs: int = 4, blocks: int = 128, batch_tokens: int = 256,
-                dtype: str = "auto") -> LlamaCppRunner:
+                dtype: str = "auto", context_length: int | None = None) -> LlamaCppRunner:
     return load(str(path), RunnerSettings(max_num_seqs=seqs, block_size=BS, num_kv_blocks=blocks,
-                                          max_num_batched_tokens=batch_tokens, num_threads=2, dtype=dtype))
+                                          max_num_batched_tokens=batch_tokens, num_threads=2, dtype=dtype,
+                                          context_length=context_length))
 
 
-@pytest.fixture(scope="module")
-def runner(tiny_gguf):
-    r = make_runner(tiny_gguf)
+@pytest.fixture(scope="module", params=["unified", "streams"])
+def runner(tiny_gguf, request):
+    with pytest.MonkeyPatch.context() as mp:  # streams: 4 windows of 512 in the 2048-token pool
+        mp.setenv("EVENFLOW_LLAMACPP_KV", request.param)
+        r = make_runner(tiny_gguf, context_length=512 if request.param == "streams" else None)
+    assert r.kv_layout == request.param and r.shared_kv == (request.param == "unified")
     yield r
     r.close()
 
@@ -204,6 +208,39 @@ def test_200_sequences_through_8_slots_leave_kv_empty(tiny_gguf):
                     finished += 1
         assert finished == 200 and peak > r.n_ctx // 2  # the cache was really reused, not just big
         assert [r.cached_tokens(s) for s in range(8)] == [0] * 8
+    finally:
+        r.close()
+
+
+def test_streams_layout_chosen_when_every_slot_has_a_window_and_refused_when_not(tiny_gguf, monkeypatch):
+    r = make_runner(tiny_gguf, seqs=4, blocks=128, context_length=512)  # auto: 4 x 512 fits the pool
+    try:
+        assert r.kv_layout == "streams" and not r.shared_kv and r.n_ctx == 2048
+    finally:
+        r.close()
+    r = make_runner(tiny_gguf, seqs=4, blocks=128, context_length=1024)  # auto: it does not -> unified
+    try:
+        assert r.kv_layout == "unified" and r.shared_kv
+    finally:
+        r.close()
+    monkeypatch.setenv("EVENFLOW_LLAMACPP_KV", "streams")
+    with pytest.raises(ValueError, match="less than the 1024-token window"):
+        make_runner(tiny_gguf, seqs=4, blocks=128, context_length=1024)
+    monkeypatch.setenv("EVENFLOW_LLAMACPP_KV", "sideways")
+    with pytest.raises(ValueError, match="EVENFLOW_LLAMACPP_KV='sideways' is not one of auto, streams, unified"):
+        make_runner(tiny_gguf)
+
+
+def test_a_full_stream_raises_clear_error_and_the_others_go_on(tiny_gguf, monkeypatch):
+    monkeypatch.setenv("EVENFLOW_LLAMACPP_KV", "streams")
+    r = make_runner(tiny_gguf, seqs=2, blocks=32, context_length=256)
+    try:
+        toks = list(range(100, 100 + 250))
+        r.step(Batch.from_spans([(0, toks, 0, [], True)], BS))
+        with pytest.raises(RuntimeError, match="no KV slot"):
+            r.step(Batch.from_spans([(0, toks[:10], 250, [], True)], BS))  # past the slot's own window
+        r.free(0)
+        assert r.step(Batch.from_spans([(1, toks, 0, [], True)], BS)).shape == (1, r.vocab_size)
     finally:
         r.close()
 

@@ -74,3 +74,44 @@ def test_evictions_and_holder_overflow_keep_answers_exact(runner):
     for k, ((g, gr, _), (w, wr, _)) in enumerate(zip(got, want)):
         if k not in aborts:
             assert (g, gr) == (w, wr), f"request {k} differs with the prefix cache"
+
+
+def test_per_sequence_streams_under_pressure_keep_answers_exact(monkeypatch):
+    """The streams layout: a finished conversation stays in its stream until the stream is needed; hits take a
+    parked stream over or copy a running one. Every answer equals the uncached one, nothing stays held."""
+    path = cached_model(make_spec("tiny", architecture="llama"), formats=("gguf",), gguf_dtype="f32")["gguf"]
+    monkeypatch.setenv("EVENFLOW_LLAMACPP_KV", "streams")
+    r = load(str(path), RunnerSettings(max_num_seqs=4, block_size=16, context_length=256, max_num_batched_tokens=128,
+                                       num_threads=2, dtype="float32", flash_attention="off"))
+    try:
+        assert r.kv_layout == "streams"
+        rng = random.Random(3)
+        vocab = r.info.vocab_size
+
+        def toks(n: int) -> list[int]:
+            return [rng.randrange(10, vocab - 64) for _ in range(n)]
+
+        docs = [toks(rng.randint(17, 60)) for _ in range(10)] + [toks(200) for _ in range(2)]
+        order = docs + docs[-4:] + docs[:3] + [docs[5]] * 3  # recent ones asked again, old ones, twins at once
+        prompts = [d + toks(rng.randint(1, 10)) for d in order]
+        aborts = {2, 13}
+        uncached: list[int] = []
+        take = r.take_uncached
+        r.take_uncached = lambda: (lambda got: uncached.extend(got) or got)(take())
+        try:
+            warm = Engine(r, EngineConfig(max_num_batched_tokens=128))
+            got = run(warm, prompts, 3, aborts)
+        finally:
+            del r.take_uncached
+        assert all(reason != "error" for _, reason, _ in got)
+        assert uncached, "more finished conversations than streams must drop the oldest"
+        assert sum(hit > 0 for _, _, hit in got) >= 4  # parked streams taken over, running ones copied
+        assert warm.stats().kv_blocks_used == 0
+        assert all(r.cached_tokens(s) == 0 for s in range(r.max_num_seqs))
+        cold = Engine(r, EngineConfig(max_num_batched_tokens=128, prefix_caching=False))
+        want = run(cold, prompts, 3, aborts)
+        for k, ((g, gr, _), (w, wr, _)) in enumerate(zip(got, want)):
+            if k not in aborts:
+                assert (g, gr) == (w, wr), f"request {k} differs with the prefix cache"
+    finally:
+        r.close()

@@ -8,6 +8,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 from textual import work
 from textual.app import App, ScreenStackError
+from textual.css.query import NoMatches
 
 from .chat import ChatScreen, IngestScreen
 from .feed import DaemonError, Feed
@@ -109,7 +110,10 @@ class EvenflowApp(App):
             return
         # Resources holds a keep-alive countdown: redraw at least once a second even when no event came.
         if isinstance(screen, MonitorScreen) and screen.ready and (self.state.version != self._shown or int(now) != int(self._last_now)):
-            screen.show(self.state, now, self.status_text())
+            try:
+                screen.show(self.state, now, self.status_text())
+            except NoMatches:  # the app is closing: the screen's widgets are already gone
+                return
             self._shown = self.state.version
         self._last_now = now
         if self._probe_lag:

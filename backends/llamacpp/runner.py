@@ -1,14 +1,21 @@
 """llama.cpp runner: each engine step is ONE `llama_decode` over the flattened mixed batch.
 
-Decodes and prompt chunks of up to `max_num_seqs` sequences share one unified KV cache; a sequence's
-slot is its llama.cpp `seq_id`. The batch arrays are numpy buffers we own (filled with vectorised
-slices each step), and `llama_batch` is a struct pointing into them, so a step costs a handful of
-ctypes calls however many tokens it carries.
+KV layouts (EVENFLOW_LLAMACPP_KV = auto | streams | unified):
+- streams (auto when the pool gives every slot a full window): each sequence has a KV stream of its own
+  (`kv_unified=false`), so a query attends only its own sequence's cells: a decode no longer pays for a document
+  another sequence is ingesting. llama.cpp runs such a batch as micro-batches (runs of consecutive streams with
+  equal token counts); the order of the spans decides which (`micro_batch_order`): the decodes together, each
+  prompt chunk alone. Two weight passes instead of one when a chunk rides along.
+- unified: one cache shared by every sequence, one pass; every query attends every occupied cell (other
+  sequences' cells are masked, not skipped), so a step costs (its tokens) x (tokens all sequences hold).
+The batch arrays are numpy buffers we own, and `llama_batch` is a struct pointing into them, so a step costs a
+handful of ctypes calls however many tokens it carries.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import time
 
 import numpy as np
@@ -21,6 +28,7 @@ from .embedder import Embedder
 from .gguf_info import GGUFHeader, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
 from .prefix import PrefixCells
+from .streams import StreamCells
 from .tokenizer import LlamaCppTokenizer
 
 log = logging.getLogger(__name__)
@@ -29,7 +37,9 @@ log = logging.getLogger(__name__)
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 _KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30}  # GGML_TYPE_F16 / F32 / BF16
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
-PREFIX_HOLDERS = 24  # finished sequences whose cells the prefix cache can keep at once
+PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
+KV_ENV = "EVENFLOW_LLAMACPP_KV"
+KV_LAYOUTS = ("auto", "streams", "unified")
 
 
 # our own binding returning a plain int address (llama_cpp's returns a POINTER object, slow to view)
@@ -53,15 +63,40 @@ def plan_kv_tokens(settings: RunnerSettings, ctx_len: int, bytes_per_token: int)
     return blocks * bs, min(seqs, int(L.llama_max_parallel_sequences()))
 
 
+MERGE_WASTE = 2048  # (query, masked cell) pairs worth less than a micro-batch of its own (~10 ms on 2 CPU cores)
+
+
+def micro_batch_order(spans: list, streams: list[int]) -> list[int]:
+    """The order of a step's spans (indices) that makes llama.cpp run the micro-batches we want, streams layout.
+
+    llama.cpp puts in one micro-batch a run of consecutive stream ids, in batch order, taking the same number of
+    tokens from each, and every query in it attends as many cells as the longest stream in it holds. So a prompt
+    chunk runs alone (with decodes it would be cut to one token per pass), and a run of one-token spans is cut
+    where a stream holding far more than its neighbours would make them attend its cells (a document's answer
+    decoding beside short chats). Runs go in descending stream order, so none can join the next."""
+    runs: list[list[int]] = []
+    for i in sorted(range(len(spans)), key=streams.__getitem__):
+        s, run = spans[i], runs[-1] if runs else None
+        if s.length == 1 and run and spans[run[-1]].length == 1 and streams[run[-1]] + 1 == streams[i]:
+            ctx = [spans[j].context_len for j in run]
+            top = max(ctx)
+            waste = top - s.context_len if s.context_len <= top else len(run) * (s.context_len - top)
+            if waste <= MERGE_WASTE:
+                run.append(i)
+                continue
+        runs.append([i])
+    runs.sort(key=lambda r: -streams[r[0]])
+    return [i for r in runs for i in r]
+
+
 class LlamaCppRunner:
     """A GGUF model on llama.cpp with one generation context (unified KV, `max_num_seqs` sequences)."""
 
     backend = "llamacpp"
-    prefix_caching = True  # finished sequences' cells stay shared in the unified cache (prefix.py)
-    # One unified cache: each query of a step attends every cell up to the highest used one (other sequences'
-    # cells masked, not skipped), so a step costs (its tokens) x (tokens all sequences hold); the scheduler
-    # models that. Per-sequence streams (kv_unified=false) measured worse: a mixed step splits into ubatches.
-    shared_kv = True
+    prefix_caching = True  # finished sequences' cells stay cached (streams.py, prefix.py)
+    # unified layout only: each query attends every occupied cell, so the scheduler models a step's attention as
+    # (its tokens) x (tokens all sequences hold); set per instance in _setup
+    shared_kv = False
 
     def __init__(self, model_path: str, settings: RunnerSettings):
         if settings.max_num_seqs is not None and not 1 <= settings.max_num_seqs <= L.llama_max_parallel_sequences():
@@ -112,27 +147,53 @@ class LlamaCppRunner:
         elem = 4 if settings.dtype == "float32" else 2
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
                                                   kv_bytes_per_token(self.info, header, elem))
-        # Spare sequence ids hold finished sequences' cells for the prefix cache (one per cached conversation). In a
-        # unified cache an id costs no KV memory, but llama.cpp sizes its logits buffer by n_seq_max rows.
-        self._holder_ids = min(PREFIX_HOLDERS, int(L.llama_max_parallel_sequences()) - self.max_num_seqs)
+        self.kv_layout = self._choose_layout(n_ctx)
+        self.shared_kv = self.kv_layout == "unified"
+        # unified: spare sequence ids hold finished sequences' cells for the prefix cache (one per cached
+        # conversation); an id costs no KV memory, but llama.cpp sizes its logits buffer by n_seq_max rows.
+        # streams: a finished sequence's cells stay in its own stream instead.
+        self._holder_ids = (min(PREFIX_HOLDERS, int(L.llama_max_parallel_sequences()) - self.max_num_seqs)
+                            if self.shared_kv else 0)
         self._ctx = self._new_context(n_ctx, settings)
         # llama.cpp may pad n_ctx; the scheduler must never count more than the cache really holds
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
         self.num_kv_blocks = self.n_ctx // self.block_size
         self._mem = L.llama_get_memory(self._ctx)
-        self._cells = PrefixCells(self.max_num_seqs, self._holder_ids, self.block_size,
-                                  lambda seq, p0, p1: L.llama_memory_seq_rm(self._mem, seq, p0, p1),
-                                  lambda src, dst, p0, p1: L.llama_memory_seq_cp(self._mem, src, dst, p0, p1))
+        remove = lambda seq, p0, p1: L.llama_memory_seq_rm(self._mem, seq, p0, p1)  # noqa: E731
+        self._cells: PrefixCells | StreamCells
+        if self.shared_kv:
+            self._cells = PrefixCells(self.max_num_seqs, self._holder_ids, self.block_size, remove,
+                                      lambda src, dst, p0, p1: L.llama_memory_seq_cp(self._mem, src, dst, p0, p1))
+        else:  # llama.cpp copies across streams whole; the stream's cells beyond the prefix are removed after
+            self._cells = StreamCells(self.max_num_seqs, self.block_size, remove,
+                                      lambda src, dst: L.llama_memory_seq_cp(self._mem, src, dst, -1, -1))
         # llama.cpp clamps n_batch to n_ctx: a step can never carry more tokens than that
         self._alloc_batch(int(L.llama_n_batch(self._ctx)))
         self.max_batch_tokens = self._cap
         self._views: dict[int, type] = {}  # rows -> ctypes float array type over the logits buffer
         self.last_decode_s = 0.0  # wall time of the last llama_decode (benchmarks: overhead = step - decode)
         log.info(
-            "llama.cpp loaded %s: %s %s, n_ctx=%d (%d blocks), seqs=%d, n_batch=%d, threads=%d, extra_bufts=%s",
+            "llama.cpp loaded %s: %s %s, n_ctx=%d (%d blocks), seqs=%d, kv=%s, n_batch=%d, threads=%d, extra_bufts=%s",
             self.path, self.info.architecture, self.info.file_type, self.n_ctx, self.num_kv_blocks,
-            self.max_num_seqs, self.max_batch_tokens, self.n_threads, self.extra_bufts,
+            self.max_num_seqs, self.kv_layout, self.max_batch_tokens, self.n_threads, self.extra_bufts,
         )
+
+    def _choose_layout(self, n_ctx: int) -> str:
+        """streams when the pool gives every slot a full window (each stream is one), else unified."""
+        mode = os.environ.get(KV_ENV, "auto").strip().lower() or "auto"
+        if mode not in KV_LAYOUTS:
+            raise ValueError(f"{KV_ENV}={mode!r} is not one of {', '.join(KV_LAYOUTS)}")
+        fits = n_ctx // self.max_num_seqs >= self.context_length
+        if mode == "streams" and not fits:
+            raise ValueError(f"{KV_ENV}=streams gives each of the {self.max_num_seqs} sequences a stream of "
+                             f"{n_ctx // self.max_num_seqs} tokens, less than the {self.context_length}-token window; "
+                             "raise the KV pool, lower the slots or num_ctx, or use unified")
+        if mode == "auto":
+            mode = "streams" if fits else "unified"
+            if not fits:
+                log.info("llama.cpp KV: unified (the pool of %d tokens holds fewer than %d windows of %d)", n_ctx,
+                         self.max_num_seqs, self.context_length)
+        return mode
 
     @staticmethod
     def _flash_attn_type(choice: str) -> int:
@@ -152,7 +213,7 @@ class LlamaCppRunner:
         cp.n_ubatch = min(cp.n_batch, 512)
         cp.n_seq_max = self.max_num_seqs + self._holder_ids
         cp.n_outputs_max = cp.n_seq_max  # one logits row per sequence per step; llama.cpp wants n_seq_max rows
-        cp.kv_unified = True
+        cp.kv_unified = self.shared_kv  # streams: n_ctx is split evenly, one window per sequence
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.no_perf = True
         cp.type_k = cp.type_v = _KV_TYPES[settings.dtype]
@@ -189,7 +250,7 @@ class LlamaCppRunner:
         self._cbatch = b
 
     def step(self, batch: Batch) -> np.ndarray:
-        """One llama_decode over every span; float32 logits [len(batch.logits_rows), vocab] in span order."""
+        """The step's spans through llama_decode; float32 logits [len(batch.logits_rows), vocab] in span order."""
         n = len(batch.token_ids)
         if n == 0:
             return np.zeros((0, self.vocab_size), dtype=np.float32)
@@ -198,44 +259,58 @@ class LlamaCppRunner:
                              f"(n_ctx={self.n_ctx})")
         if self._ctx is None:
             raise RuntimeError("runner is closed")
-        self._tok[:n] = batch.token_ids
-        self._pos[:n] = batch.positions
-        out, seq = self._out, self._seq
-        out[:n] = 0
-        rows: list[int] = []
-        for s in batch.spans:
+        spans = batch.spans
+        for s in spans:
             if not 0 <= s.slot < self.max_num_seqs or s.length < 1:
                 raise ValueError(f"bad span: slot {s.slot} (allowed [0, {self.max_num_seqs})), length {s.length} (>= 1)")
-            seq[s.start : s.start + s.length] = s.slot
-            # a fresh slot: clear it, and share its cached prefix (start_pos > 0) from the sequence holding it
-            self._cells.begin(s.slot, s.start_pos, s.length, s.block_table)
+        if self.shared_kv:
+            for s in spans:  # a fresh slot: clear it, and share its cached prefix from the sequence holding it
+                self._cells.begin(s.slot, s.start_pos, s.length, s.block_table)
+            seqs = [s.slot for s in spans]
+            order = list(range(len(spans)))
+        else:
+            seqs = self._cells.place((s.slot, s.start_pos, s.length, s.block_table) for s in spans)
+            order = micro_batch_order(spans, seqs)
+        tok = np.asarray(batch.token_ids, dtype=np.int32)
+        pos = np.asarray(batch.positions, dtype=np.int32)
+        rows = [i for i, s in enumerate(spans) if s.need_logits]
+        result = np.empty((len(rows), self.vocab_size), dtype=np.float32)
+        row_of = {i: r for r, i in enumerate(rows)}
+        self._decode(order, spans, seqs, tok, pos, result, row_of, batch)
+        return result
+
+    def _decode(self, order: list[int], spans: list, seqs: list[int], tok: np.ndarray, pos: np.ndarray,
+                result: np.ndarray, row_of: dict[int, int], batch: Batch) -> None:
+        """One llama_decode over the spans in the given order; their logits rows into `result`."""
+        out, seq = self._out, self._seq
+        k, want = 0, []
+        for i in order:
+            s = spans[i]
+            self._tok[k : k + s.length] = tok[s.start : s.start + s.length]
+            self._pos[k : k + s.length] = pos[s.start : s.start + s.length]
+            seq[k : k + s.length] = seqs[i]
+            out[k : k + s.length] = 0
+            k += s.length
             if s.need_logits:
-                rows.append(s.start + s.length - 1)
-        if rows:
-            out[rows] = 1
-        self._cbatch.n_tokens = n
+                out[k - 1] = 1
+                want.append(row_of[i])
+        self._cbatch.n_tokens = k
         t0 = time.perf_counter()
         rc = L.llama_decode(self._ctx, self._cbatch)
         self.last_decode_s = time.perf_counter() - t0
         if rc != 0:
             self._raise_decode_error(rc, batch)
-        k = len(rows)
-        if k == 0:
-            return np.zeros((0, self.vocab_size), dtype=np.float32)
-        # llama_get_logits returns the output rows in batch order (llama.cpp reorders them for us);
-        # an int address + a cached ctypes array type makes the numpy view cost ~1 us, not ~70
+        if not want:
+            return
+        # llama_get_logits returns the output rows in batch order; an int address + a cached ctypes array type
+        # makes the numpy view cost ~1 us, not ~70
         addr = _get_logits_addr(self._ctx)
         if not addr:
             raise RuntimeError("llama.cpp returned no logits")
-        view_type = self._views.get(k)
+        view_type = self._views.get(len(want))
         if view_type is None:
-            view_type = self._views[k] = ctypes.c_float * (k * self.vocab_size)
-        logits = np.frombuffer(view_type.from_address(addr), dtype=np.float32).reshape(k, self.vocab_size)
-        if k > 1 and any(rows[j] > rows[j + 1] for j in range(k - 1)):  # spans not in flattened order
-            result = np.empty((k, self.vocab_size), dtype=np.float32)
-            result[np.argsort(rows, kind="stable")] = logits
-            return result
-        return np.array(logits, dtype=np.float32, copy=True)  # the one copy: the output buffer is reused
+            view_type = self._views[len(want)] = ctypes.c_float * (len(want) * self.vocab_size)
+        result[want] = np.frombuffer(view_type.from_address(addr), dtype=np.float32).reshape(len(want), -1)
 
     def _raise_decode_error(self, rc: int, batch: Batch) -> None:
         detail = take_recent_errors()
@@ -269,8 +344,9 @@ class LlamaCppRunner:
             self._cells.reset()
 
     def cached_tokens(self, slot: int) -> int:
-        """How many positions of `slot` llama.cpp holds in its KV cache (0 when empty)."""
-        return int(L.llama_memory_seq_pos_max(self._mem, slot)) + 1
+        """How many positions of the sequence in `slot` llama.cpp holds in its KV cache (0 when none runs there)."""
+        seq = slot if self.shared_kv else self._cells.stream_of(slot)
+        return 0 if seq is None else int(L.llama_memory_seq_pos_max(self._mem, seq)) + 1
 
     def embed(self, token_ids: list[int]) -> np.ndarray:
         """Final-norm hidden states [n, hidden] from a separate embeddings context."""

@@ -474,6 +474,7 @@ class Engine:
             "type": "step", "time": time.time(), "model": self.name, "decodes": plan.num_decodes,
             "prefill_tokens": plan.prefill_tokens, "prefill_seqs": len(plan.spans) - plan.num_decodes,
             "attention_work": plan.attention_work, "held": plan.held,  # tokens in a shared KV cache (else None)
+            "running_tokens": sum(s.num_computed for s in self.scheduler.running),  # after the step
             "step_ms": dt * 1e3, "forward_ms": forward * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
             "kv_total": self.blocks.num_blocks, "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),

@@ -1,136 +1,120 @@
-"""Step cost vs the tokens cached, straight over llama.cpp (no engine): what does a decode pay for?
+"""Step cost vs the tokens held, through evenflow's llama.cpp runner: what does a decode pay for? (issue 11)
 
-Four short sequences (64 tokens each) decode while a fifth holds X tokens. For each KV layout we time
-three steps: the 4 decodes alone, 4 decodes + 1 decode of the long sequence, 4 decodes + an 8-token
-chunk of it. Timing is the process's CPU time of `llama_decode` on ONE thread (median of 5), so the
-table compares work, not how busy a shared machine was; wall time on 2 threads is roughly half.
+Four sequences holding `--own` tokens each decode while a fifth holds X tokens (a long prompt being ingested).
+For each KV layout (and weight repacking on/off) the runner times, at every X: the 4 decodes alone, and the 4
+decodes plus a 1-, 4- and 16-token chunk of the long sequence: the steps chunked prefill is made of. Wall time
+of `llama_decode` on the daemon's threads (median of 5), so run it on a quiet machine.
 
-    python docs/bench/kv_step_cost.py [--model bench-q8.gguf]   # ~10 min on 2 cores; writes kv_step_cost.json/.md
+    python docs/bench/kv_step_cost.py --model bench-q8.gguf [--held 0,2048,8192,16384] [--configs streams,unified]
+        # ~20 min on 2 cores; writes kv_step_cost.json/.md
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
 from pathlib import Path
 
-import llama_cpp.llama_cpp as L
+from evenflow.backends.base import Batch, RunnerSettings
+from evenflow.backends.llamacpp.runner import load
 
 HERE = Path(__file__).resolve().parent
-SHORT = 64  # tokens each decoding sequence holds
+BS = 16
+CHUNKS = (1, 4, 16)
 
 
-class Ctx:
-    """One llama.cpp context with its own batch; tracks each sequence's next position."""
+def cpu_model() -> str:
+    return next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+                platform.processor())
 
-    def __init__(self, model, n_ctx: int, seqs: int, unified: bool, flash: bool) -> None:
-        cp = L.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_outputs_max = n_ctx, 512, 512, seqs, seqs
-        cp.kv_unified, cp.no_perf, cp.flash_attn_type = unified, True, 1 if flash else 0
-        cp.n_threads = cp.n_threads_batch = 1
-        self.ctx = L.llama_init_from_model(model, cp)
-        if not self.ctx:
-            raise RuntimeError(f"could not create a context (n_ctx={n_ctx}, unified={unified})")
-        self.mem = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(512, 0, 1)
-        self.pos: dict[int, int] = {}
+
+class Seqs:
+    """Sequences of synthetic tokens on one runner; each step's spans are built from their next positions."""
+
+    def __init__(self, runner) -> None:
+        self.r, self.pos = runner, {}
 
     def step(self, spans: list[tuple[int, int]]) -> float:
-        """One llama_decode over (seq, tokens) spans; CPU seconds."""
-        b, n = self.batch, 0
-        for seq, k in spans:
-            p0 = self.pos.get(seq, 0)
-            for j in range(k):
-                b.token[n], b.pos[n], b.n_seq_id[n] = 300 + (p0 + j) % 20000, p0 + j, 1
-                b.seq_id[n][0], b.logits[n] = seq, int(j == k - 1)
-                n += 1
-            self.pos[seq] = p0 + k
-        b.n_tokens = n
-        t = time.process_time()
-        if L.llama_decode(self.ctx, b) != 0:
-            raise RuntimeError("llama_decode failed")
-        return time.process_time() - t
+        b = []
+        for slot, n in spans:
+            p0 = self.pos.get(slot, 0)
+            b.append((slot, [300 + (p0 + j) % 20000 for j in range(n)], p0, [], True))
+            self.pos[slot] = p0 + n
+        self.r.step(Batch.from_spans(b, BS))
+        return self.r.last_decode_s
 
-    def fill(self, seq: int, k: int) -> None:
-        while k > 0:
-            self.step([(seq, min(k, 512))])
-            k -= min(k, 512)
-
-    def drop(self, seq: int) -> None:
-        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-        self.pos.pop(seq, None)
-
-    def close(self) -> None:
-        L.llama_batch_free(self.batch)
-        L.llama_free(self.ctx)
+    def fill(self, slot: int, n: int) -> None:
+        while n > 0:
+            self.step([(slot, min(n, 512))])
+            n -= min(n, 512)
 
 
 def median_ms(f, reps: int = 5) -> float:
-    f()  # the first step after a fill pays for graph changes
+    f()  # the first step of a new shape pays for graph changes
     return statistics.median(f() for _ in range(reps)) * 1e3
 
 
-def measure(c: Ctx, row: dict) -> dict:
-    dec = [(s, 1) for s in range(4)]
-    row["decodes_4_ms"] = median_ms(lambda: c.step(dec))
-    if c.pos.get(4):
-        row["decodes_5_ms"] = median_ms(lambda: c.step(dec + [(4, 1)]))
-        row["decodes_4_chunk_8_ms"] = median_ms(lambda: c.step(dec + [(4, 8)]))
-    return row
-
-
-def run(model, n_ctx: int, unified: bool, flash: bool, held: list[int], drift: int = 0) -> list[dict]:
-    """Rows for one layout; `drift` > 0 puts the long sequence's cells above a freed block of that size."""
-    c = Ctx(model, n_ctx if unified else 5 * 8192, 8 if unified else 5, unified, flash)
+def run(model: Path, layout: str, repack: str, held: list[int], own: int, threads: int, prefill: bool) -> list[dict]:
+    os.environ["EVENFLOW_LLAMACPP_KV"] = layout
+    os.environ["EVENFLOW_LLAMACPP_EXTRA_BUFTS"] = repack
+    window = max(held) + 2048
+    r = load(str(model), RunnerSettings(max_num_seqs=5, block_size=BS, context_length=window, num_threads=threads,
+                                        max_num_batched_tokens=512, num_kv_blocks=5 * window // BS))
     rows = []
     try:
-        for s in range(4):
-            c.fill(s, SHORT)
-        if drift:
-            c.fill(5, drift)
+        s = Seqs(r)
+        for slot in range(4):
+            s.fill(slot, own)
+        long_slot = 4
         for x in held:
-            c.fill(4, x - c.pos.get(4, 0))
-            if drift:
-                c.drop(5)
-            label = ("unified" if unified else "per-sequence streams") + (", flash attn" if flash else "")
-            rows.append(measure(c, {"layout": label, "n_ctx": n_ctx if unified else 5 * 8192, "long_holds": x,
-                                    "freed_below": drift, "tokens_held": 4 * SHORT + x}))
-            print(rows[-1], flush=True)
+            s.fill(long_slot, x - s.pos.get(long_slot, 0))
+            dec = [(slot, 1) for slot in range(4)]
+            row = {"layout": layout, "repack": r.extra_bufts, "own": own, "long_holds": x,
+                   "tokens_held": 4 * own + x, "decodes_4_ms": median_ms(lambda: s.step(dec))}
+            if x:
+                for c in CHUNKS:
+                    row[f"plus_{c}_ms"] = median_ms(lambda: s.step(dec + [(long_slot, c)]))
+                if prefill:  # a prompt with nobody else running: the TTFT-alone step
+                    row["prefill_512_ms"] = median_ms(lambda: s.step([(long_slot, 512)]), reps=1)
+            rows.append(row)
+            print(row, flush=True)
     finally:
-        c.close()
+        r.close()
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="bench-q8.gguf", help="the bench-shaped Q8_0 GGUF (../shared/tools/make_gguf.py)")
+    ap.add_argument("--held", default="0,2048,8192,16384", help="tokens the long sequence holds, in order")
+    ap.add_argument("--own", type=int, default=512, help="tokens each decoding sequence holds")
+    ap.add_argument("--configs", default="streams:off,unified:off,streams:on",
+                    help="layout:repacking pairs (repacking on only where the CPU takes it)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-prefill", action="store_true", help="skip the 512-token prompt step at each X")
     ap.add_argument("--out", default=str(HERE / "kv_step_cost.json"))
     args = ap.parse_args()
-    L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers, mp.use_extra_bufts = 0, False  # repacking: see docs/performance.md (it faults on this VM)
-    model = L.llama_model_load_from_file(args.model.encode(), mp)
-    if not model:
-        raise SystemExit(f"could not load {args.model}")
-    rows = run(model, 65536, True, False, [0, 2048, 6144])  # the default: one cache of 8 windows of 8192
-    rows += run(model, 8192, True, False, [2048])  # same tokens, a cache 8x smaller
-    rows += run(model, 65536, True, False, [2048], drift=6144)  # same tokens, placed high in the cache
-    rows += run(model, 65536, False, False, [2048])
-    rows += run(model, 65536, True, True, [2048])
-    L.llama_model_free(model)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor())
-    meta = {"model": Path(args.model).name, "cpu": cpu, "threads": 1, "timing": "process CPU time, median of 5",
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+    held = [int(x) for x in args.held.split(",")]
+    rows = []
+    for cfg in args.configs.split(","):
+        layout, repack = cfg.split(":")
+        rows += run(Path(args.model), layout, repack, held, args.own, args.threads, not args.no_prefill)
+    meta = {"model": Path(args.model).name, "cpu": cpu_model(), "threads": args.threads,
+            "timing": "wall time of llama_decode, median of 5", "date": time.strftime("%Y-%m-%d %H:%M"),
+            "loadavg_end": os.getloadavg()}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    md = [f"llama.cpp step cost (CPU ms, 1 thread) — {meta['model']}, {cpu}, {meta['date']}", "",
-          "| layout | n_ctx | long sequence holds | freed block below it | 4 decodes | + its decode | + its 8-token chunk |",
-          "|---|---|---|---|---|---|---|"]
+    md = [f"llama.cpp step cost through the runner (ms, {args.threads} threads, wall) — {meta['model']}, "
+          f"{meta['cpu']}, {meta['date']}", "",
+          f"Four sequences hold {args.own} tokens each and decode; a fifth (the long prompt) holds X tokens.", "",
+          "| layout | repacking | X (long sequence holds) | 4 decodes | + 1 prompt token | + 4 | + 16 | 512 prompt tokens "
+          "alone |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['layout']} | {r['n_ctx']} | {r['long_holds']} | {r['freed_below']} | {r['decodes_4_ms']:.1f} | "
-                  f"{r.get('decodes_5_ms', float('nan')):.1f} | {r.get('decodes_4_chunk_8_ms', float('nan')):.1f} |")
+        cells = " | ".join(f"{r[k]:.1f}" if k in r else "–" for k in [f"plus_{c}_ms" for c in CHUNKS] + ["prefill_512_ms"])
+        md.append(f"| {r['layout']} | {'on' if r['repack'] else 'off'} | {r['long_holds']} | {r['decodes_4_ms']:.1f} | "
+                  f"{cells} |")
     Path(args.out).with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

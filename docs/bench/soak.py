@@ -4,7 +4,8 @@ bad input (a 4 MB prompt, template bombs: loops and widths) and a /api/version p
 
     python docs/bench/soak.py --minutes 10 --streams 4 --out docs/bench/soak.json
 
-RSS is sampled every 5 s. The warm-up runs the same load until every kind of request has been answered twice;
+RSS is sampled every 5 s. The warm-up runs the same load until every kind of request has been answered twice, and
+for at least `--min-warmup` seconds (180);
 the leak figure compares the idle RSS after it with the idle RSS at the end, each read after asking glibc to hand
 free memory back (malloc_trim), so allocator high-water marks do not count; start -> end and the peak are reported
 too. The load also pauses at `--checkpoints` even points (4: the last is the end) for the same idle reading: a leak
@@ -149,9 +150,10 @@ def metric(url: str, name: str) -> float:
 
 class Soak:
     def __init__(self, url: str, model: str, seconds: float, streams: int, disconnect: float,
-                 enough: dict[str, int] | None = None) -> None:
+                 enough: dict[str, int] | None = None, min_seconds: float = 0) -> None:
         self.url, self.model, self.deadline = url, model, time.monotonic() + seconds
         self.enough = enough  # stop early once every count reached these (the warm-up: each kind of request done)
+        self.not_before = time.monotonic() + min_seconds  # ... but not before this
         self.streams, self.disconnect = streams, disconnect
         self.lock = threading.Lock()
         self.gaps: list[float] = []  # ms between chunks of the short streams
@@ -161,7 +163,8 @@ class Soak:
 
     @property
     def end(self) -> float:
-        if self.enough and all(self.counts[k] >= n for k, n in self.enough.items()):
+        if (self.enough and all(self.counts[k] >= n for k, n in self.enough.items())
+                and time.monotonic() >= self.not_before):
             return 0.0
         return self.deadline
 
@@ -283,6 +286,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=600,
                     help="at most this many seconds of the same load before RSS is first read (it ends sooner, once "
                          "every kind of request has been answered twice)")
+    ap.add_argument("--min-warmup", type=float, default=180,
+                    help="the warm-up lasts at least this many seconds: long enough for the working set (KV pages first "
+                         "touched as more cells are used, allocator arenas of the worker threads) to be reached")
     ap.add_argument("--checkpoints", type=int, default=4,
                     help="pause the load this many times (evenly; the last at the end) to read the idle trimmed RSS")
     ap.add_argument("--out", default="docs/bench/soak.json")
@@ -318,7 +324,7 @@ def main() -> None:
         rss_start = rss_kb(proc.pid)
         t_warm = time.monotonic()
         warmup = Soak(url, "demo", args.warmup, args.streams, args.disconnect,  # arenas, caches: not a leak
-                      enough={"streams": 2, "documents": 2, "bad_400": 4, "bad_413": 2})
+                      enough={"streams": 2, "documents": 2, "bad_400": 4, "bad_413": 2}, min_seconds=args.min_warmup)
         warmup.run()
         warm_s = time.monotonic() - t_warm
         time.sleep(2)

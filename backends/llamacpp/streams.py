@@ -1,0 +1,174 @@
+"""Per-sequence KV streams in llama.cpp (`kv_unified=false`), mirroring the engine's cached blocks.
+
+Each llama.cpp sequence id owns a stream: a KV buffer of its own, one context window long, which only its own
+queries attend. So a decode pays for the tokens its sequence holds, not for a long document another sequence is
+ingesting (in a unified cache every query attends every occupied cell). The engine's slots map onto streams here;
+a finished slot's stream keeps its cells ("parked") for the prefix cache until the stream is needed again.
+
+A prefix hit is served from a stream holding its blocks: a parked one is taken over in place (its cells beyond the
+prefix removed), a live one is copied (llama.cpp copies whole streams). A block the engine forgets has its cells
+removed; a parked stream handed to an unrelated sequence loses its blocks, which are reported back as uncached.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable, Iterable
+
+RemoveFn = Callable[[int, int, int], None]  # (stream, p0, p1): remove positions [p0, p1) (-1 = open end)
+CopyFn = Callable[[int, int], None]  # (src, dst): dst's cells become a copy of src's
+
+
+class StreamCells:
+    """Which engine slot runs in which stream, and which blocks each stream's cells hold."""
+
+    def __init__(self, num_streams: int, block_size: int, remove: RemoveFn, copy: CopyFn) -> None:
+        self.num_streams, self.block_size = num_streams, block_size
+        self._remove, self._copy = remove, copy
+        self._stream: dict[int, int] = {}  # live slot -> its stream
+        self._slot: dict[int, int] = {}  # live stream -> its slot
+        self._tables: dict[int, list[int | None]] = {}  # stream -> blocks by position (None: dropped)
+        self._where: dict[int, set[int]] = {}  # block -> streams holding it
+        self._index: dict[int, int] = {}  # block -> its position
+        self._parked: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
+        self.uncached: list[int] = []  # blocks whose last cells went, for the engine to uncache
+
+    @property
+    def num_parked(self) -> int:
+        return len(self._parked)
+
+    def stream_of(self, slot: int) -> int | None:
+        return self._stream.get(slot)
+
+    def place(self, spans: Iterable[tuple[int, int, int, list[int]]]) -> list[int]:
+        """(slot, start_pos, length, block_table) of a step's spans -> each span's stream, in the same order.
+
+        Fresh slots get streams before any cells move: the longest prefix hits first (a parked holder is taken over
+        in place, truncated to the hit), then copies of live holders and fresh starts into the remaining streams,
+        parked ones holding nothing this step needs before the others."""
+        spans = list(spans)
+        fresh = [i for i, (slot, start, _, _) in enumerate(spans) if slot not in self._stream or start == 0]
+        for i in fresh:
+            if spans[i][0] in self._stream:  # a restart from position 0 on a live slot (the engine frees first)
+                self.free(spans[i][0])
+        bs = self.block_size
+        hits = {i: spans[i][3][: spans[i][1] // bs] for i in fresh}
+        needed = {b for h in hits.values() for b in h}
+        later: list[int] = []
+        for i in sorted(fresh, key=lambda j: -len(hits[j])):
+            parked = [s for s in self._holders(hits[i]) if s in self._parked] if hits[i] else []
+            if parked:
+                self._bind(spans[i][0], parked[0])
+                self._truncate(parked[0], len(hits[i]))
+            else:
+                later.append(i)
+        for i in later:
+            slot, hit = spans[i][0], hits[i]
+            src = min(self._holders(hit), default=None) if hit else None
+            if hit and src is None:
+                raise RuntimeError(f"prefix of {len(hit)} blocks is not held in any llama.cpp stream; the engine and "
+                                   "the runner disagree")
+            s = self._spare_stream(needed)
+            self._bind(slot, s)
+            if src is None:
+                self._remove(s, -1, -1)
+            else:
+                self._copy(src, s)
+                self._remove(s, len(hit) * bs, -1)
+                for j, b in enumerate(hit):
+                    self._add(s, j, b)
+        out = []
+        for slot, start, length, table in spans:
+            s = self._stream[slot]
+            known = self._tables[s]
+            for j in range(len(known), min(-(-(start + length) // bs), len(table))):
+                self._add(s, j, table[j])
+            out.append(s)
+        return out
+
+    def _holders(self, blocks: list[int]) -> list[int]:
+        """Streams whose cells hold exactly these blocks at positions 0..len-1."""
+        if not blocks:
+            return []
+        n = len(blocks)
+        return sorted(s for s in self._where.get(blocks[-1], ()) if self._tables[s][:n] == blocks)
+
+    def _spare_stream(self, needed: set[int]) -> int:
+        """A stream no slot runs in: an empty one, else the least recently parked one holding nothing `needed`."""
+        idle = [s for s in range(self.num_streams) if s not in self._slot]
+        empty = [s for s in idle if s not in self._parked]
+        if empty:
+            return empty[0]
+        order = list(self._parked)
+        s = next((p for p in order if not needed.intersection(b for b in self._tables[p] if b is not None)), order[0])
+        self._truncate(s, 0)
+        return s
+
+    def _bind(self, slot: int, stream: int) -> None:
+        self._parked.pop(stream, None)
+        self._stream[slot], self._slot[stream] = stream, slot
+        self._tables.setdefault(stream, [])
+
+    def _add(self, stream: int, i: int, block: int) -> None:
+        self._tables[stream].append(block)
+        self._where.setdefault(block, set()).add(stream)
+        self._index[block] = i
+
+    def _truncate(self, stream: int, n: int) -> None:
+        """Keep the stream's first n blocks; cells beyond go, blocks held nowhere else become uncached."""
+        table = self._tables.setdefault(stream, [])
+        for b in table[n:]:
+            if b is None:
+                continue
+            holders = self._where[b]
+            holders.discard(stream)
+            if not holders:
+                del self._where[b], self._index[b]
+                self.uncached.append(b)
+        del table[n:]
+        self._remove(stream, n * self.block_size, -1)
+
+    def free(self, slot: int) -> None:
+        """The slot's sequence ended: its stream keeps the cells (parked) while any block is still known."""
+        s = self._stream.pop(slot, None)
+        if s is None:
+            return
+        del self._slot[s]
+        if any(b is not None for b in self._tables.get(s, [])):
+            self._parked[s] = None
+        else:
+            self._tables.pop(s, None)
+            self._remove(s, -1, -1)
+
+    def drop_blocks(self, blocks: list[int]) -> None:
+        """The engine will never read these blocks again: remove their cells from every stream."""
+        bs = self.block_size
+        for b in blocks:
+            streams = self._where.pop(b, None)
+            if not streams:
+                continue
+            i = self._index.pop(b)
+            for s in streams:
+                if s in self._slot:
+                    raise RuntimeError(f"block {b} dropped while live stream {s} holds it")
+                self._remove(s, i * bs, (i + 1) * bs)
+                table = self._tables[s]
+                table[i] = None
+                if all(x is None for x in table):
+                    self._parked.pop(s, None)
+                    self._tables.pop(s)
+
+    def take_uncached(self) -> list[int]:
+        out, self.uncached = self.uncached, []
+        return out
+
+    def reset(self) -> None:
+        """Forget every stream's cells (a new engine starts with an empty cache)."""
+        for s in range(self.num_streams):
+            self._remove(s, -1, -1)
+        self._stream.clear()
+        self._slot.clear()
+        self._tables.clear()
+        self._where.clear()
+        self._index.clear()
+        self._parked.clear()
+        self.uncached.clear()

@@ -140,6 +140,8 @@ class RunnerSettings:
     # llama.cpp: auto | on | off. Its CPU flash-attention kernel rounds Q.K through f16, so logits then
     # depend (at ~1e-3) on how many queries share a pass; "off" makes chunked == monolithic exactly.
     flash_attention: str = "auto"
+    # llama.cpp KV layout: auto | streams | unified; None = the EVENFLOW_LLAMACPP_KV environment variable (auto)
+    kv_layout: str | None = None
 
 
 @runtime_checkable

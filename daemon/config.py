@@ -243,6 +243,11 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "recommended working set; default 0.9)"),
     SettingSpec("num_threads", ("EVENFLOW_NUM_THREADS",), _int_min(0), "an integer >= 0 (0 = physical cores)",
                 "CPU threads for the backend"),
+    SettingSpec("llamacpp_kv", ("EVENFLOW_LLAMACPP_KV",), _choice("auto", "streams", "unified"),
+                "auto, streams or unified",
+                "llama.cpp KV layout: streams = a KV stream per sequence (a query attends only its own tokens), "
+                "unified = one cache, one pass per step, every query attends every occupied cell; auto = streams "
+                "when the pool holds a full window per slot"),
     SettingSpec("log_content", ("EVENFLOW_LOG_CONTENT",), _parse_bool, "1/0 or true/false",
                 "include prompts and outputs in /api/events", is_flag=True),
     SettingSpec("ollama_store", ("EVENFLOW_OLLAMA_STORE",), _path, "a directory path",
@@ -300,6 +305,7 @@ class Settings:
     max_seqs: int = 0
     gpu_kv_fraction: float = 0.9
     num_threads: int = 0
+    llamacpp_kv: str = "auto"
     log_content: bool = False
     ollama_store: Path | None = field(default_factory=_default_ollama_store)
     no_demo: bool = False

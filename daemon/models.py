@@ -238,7 +238,7 @@ class ModelManager:
         step_cap = max(want, s.max_batched_tokens) if s.prefill == "monolithic" else s.max_batched_tokens
         rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,
                             device=s.device, num_threads=s.num_threads or None,
-                            kv_memory_fraction=s.gpu_kv_fraction)
+                            kv_memory_fraction=s.gpu_kv_fraction, kv_layout=s.llamacpp_kv)
         t0 = time.perf_counter_ns()
         log.info("loading %s from %s with %s (num_ctx %d, slots %s)", record.name, record.path, backend, want,
                  self.slots or "auto")
@@ -262,7 +262,8 @@ class ModelManager:
             engine.subscribe(fn)
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
                       "context_length": ctx, "load_ms": model.load_duration_ns / 1e6, "size": model.size,
-                      "slots": engine.scheduler.slots.size, "kv_tokens": engine.blocks.num_blocks * engine.block_size})
+                      "slots": engine.scheduler.slots.size, "kv_tokens": engine.blocks.num_blocks * engine.block_size,
+                      "kv_layout": getattr(runner, "kv_layout", None)})
         log.info("loaded %s in %.2fs (%s, ctx %d)", record.name, model.load_duration_ns / 1e9, backend, ctx)
         return model
 

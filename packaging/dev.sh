@@ -19,7 +19,10 @@ install() {
 
 case "$what" in
   serve) install "" ; exec "$PY" -m evenflow.clients.cli serve "$@" ;;
-  test)  install "[dev]" ; exec "$PY" -m pytest -q "$@" ;;
+  test)  install "[dev]"
+         # ollama-js (pinned in tests/js/package.json) for the JavaScript client test; skipped there without npm
+         if command -v npm >/dev/null; then npm install --prefix tests/js --no-audit --no-fund --loglevel=error; fi
+         exec "$PY" -m pytest -q "$@" ;;
   bench) install "[dev]" ; exec "$PY" -m evenflow.clients.cli bench "$@" ;;
   *) echo "usage: packaging/dev.sh serve|test|bench [args]" >&2; exit 2 ;;
 esac

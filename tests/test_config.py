@@ -114,3 +114,10 @@ def test_target_itl_defaults_to_auto_and_rejects_words() -> None:
     assert load_settings({"EVENFLOW_TARGET_ITL_MS": "0"}).target_itl_ms == 0.0
     with pytest.raises(ConfigError, match="EVENFLOW_TARGET_ITL_MS"):
         load_settings({"EVENFLOW_TARGET_ITL_MS": "fast"})
+
+
+def test_llamacpp_kv_layout_is_checked_at_start() -> None:
+    assert load_settings({}).llamacpp_kv == "auto"
+    assert load_settings({"EVENFLOW_LLAMACPP_KV": "unified"}).llamacpp_kv == "unified"
+    with pytest.raises(ConfigError, match="EVENFLOW_LLAMACPP_KV"):
+        load_settings({"EVENFLOW_LLAMACPP_KV": "sideways"})

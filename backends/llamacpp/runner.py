@@ -90,7 +90,7 @@ def micro_batch_order(spans: list, streams: list[int]) -> list[int]:
 
 
 class LlamaCppRunner:
-    """A GGUF model on llama.cpp with one generation context (unified KV, `max_num_seqs` sequences)."""
+    """A GGUF model on llama.cpp with one generation context: `max_num_seqs` sequences, KV per stream or unified."""
 
     backend = "llamacpp"
     prefix_caching = True  # finished sequences' cells stay cached (streams.py, prefix.py)
@@ -147,7 +147,7 @@ class LlamaCppRunner:
         elem = 4 if settings.dtype == "float32" else 2
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
                                                   kv_bytes_per_token(self.info, header, elem))
-        self.kv_layout = self._choose_layout(n_ctx)
+        self.kv_layout = self._choose_layout(n_ctx, settings.kv_layout)
         self.shared_kv = self.kv_layout == "unified"
         # unified: spare sequence ids hold finished sequences' cells for the prefix cache (one per cached
         # conversation); an id costs no KV memory, but llama.cpp sizes its logits buffer by n_seq_max rows.
@@ -178,9 +178,9 @@ class LlamaCppRunner:
             self.max_num_seqs, self.kv_layout, self.max_batch_tokens, self.n_threads, self.extra_bufts,
         )
 
-    def _choose_layout(self, n_ctx: int) -> str:
+    def _choose_layout(self, n_ctx: int, setting: str | None) -> str:
         """streams when the pool gives every slot a full window (each stream is one), else unified."""
-        mode = os.environ.get(KV_ENV, "auto").strip().lower() or "auto"
+        mode = (os.environ.get(KV_ENV, "auto") if setting is None else setting).strip().lower() or "auto"
         if mode not in KV_LAYOUTS:
             raise ValueError(f"{KV_ENV}={mode!r} is not one of {', '.join(KV_LAYOUTS)}")
         fits = n_ctx // self.max_num_seqs >= self.context_length

@@ -76,11 +76,13 @@ def evenflow_bench(url: str, L: int, seconds: float) -> dict:
         return {k: full.get(k) for k in ("summary", "stall", "warnings", "config", "calibration")}
 
 
-def run_evenflow(gguf: Path, L: int, scenario: str, clients: list[str], seconds: float, seed: int) -> dict:
-    env = dict(DEFAULT_ENV)
+def run_evenflow(gguf: Path, L: int, scenario: str, clients: list[str], seconds: float, seed: int,
+                 extra_env: dict[str, str]) -> dict:
+    env = {**DEFAULT_ENV, **extra_env}
     if L + 1024 > DAEMON_NUM_CTX:
         env["OLLAMA_CONTEXT_LENGTH"] = str(L + 1024)
-    row: dict = {"server": "evenflow", "L": L, "scenario": scenario, "env": dict(env)}
+    label = " ".join(f"{k}={v}" for k, v in extra_env.items()) or "defaults"
+    row: dict = {"server": "evenflow", "label": label, "L": L, "scenario": scenario, "env": dict(env)}
     with tempfile.TemporaryDirectory() as store:
         env["OLLAMA_MODELS"] = store
         with serve_daemon(env, "default_stall_daemon.log") as url:
@@ -93,6 +95,7 @@ def run_evenflow(gguf: Path, L: int, scenario: str, clients: list[str], seconds:
                 row[client]["wall_s"] = time.time() - t
             time.sleep(0.5)
             row["steps"] = rec.stop()
+            row["kv_layout"] = next((e.get("kv_layout") for e in rec.events if e.get("event") == "loaded"), None)
     return row
 
 
@@ -115,7 +118,10 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=3600)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=HERE / "default_stall.json")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="a non-default daemon setting for an A/B row (the row is labelled with it)")
     a = ap.parse_args()
+    extra_env = dict(kv.split("=", 1) for kv in a.env)
     out = json.loads(a.out.read_text()) if a.out.exists() else {"rows": []}
     out["cpu"] = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
     jobs = [("stall", int(x)) for x in a.lengths.split(",") if x] + [("prefill", int(x)) for x in a.alone.split(",") if x]
@@ -125,7 +131,7 @@ def main() -> None:
             load0, t0 = cpu_load(), time.time()
             if server == "evenflow":
                 clients = a.clients.split(",") if scenario == "stall" else ["stream_bench"]
-                row = run_evenflow(a.gguf, L, scenario, clients, a.max_seconds, a.seed)
+                row = run_evenflow(a.gguf, L, scenario, clients, a.max_seconds, a.seed, extra_env)
             else:
                 row = run_llama_server(a.gguf, L, scenario, a.max_seconds, a.seed)
             load1 = cpu_load()

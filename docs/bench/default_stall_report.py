@@ -50,7 +50,8 @@ def stall_table(rows: list[dict]) -> list[str]:
            "mean gap before / after (ms) | prompt tokens | load avg start→end, CPU pressure |",
            "|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in rows if r["scenario"] == "stall"), key=lambda r: (r["L"], r["server"] != "evenflow")):
-        server = f"{r['server']} @ {r.get('git', '?')}" if r["server"] == "evenflow" else r["server"]
+        server = f"evenflow {r.get('label') or ''} @ {r.get('git', '?')}".replace("  ", " ") if r["server"] == "evenflow" \
+            else r["server"]
         if "stream_bench" in r:
             out.append("| " + " | ".join([str(r["L"]), server, "stream_bench", *sb_cells(r["stream_bench"]),
                                           load_cell(r)]) + " |")
@@ -64,28 +65,38 @@ def alone_table(rows: list[dict]) -> list[str]:
     out = ["| L | server | TTFT (s) | prompt tokens | load avg start→end, CPU pressure |", "|---|---|---|---|---|"]
     for r in sorted((r for r in rows if r["scenario"] == "prefill"), key=lambda r: (r["L"], r["server"] != "evenflow")):
         s = next((x for x in r.get("stream_bench", {}).get("streams", []) if x.get("role") == "long"), {})
-        out.append(f"| {r['L']} | {r['server']} | **{f(s.get('ttft_s'), 2)}** | {s.get('server_prompt_tokens', '–')} | "
+        server = f"evenflow {r.get('label') or ''} @ {r.get('git', '?')}".replace("  ", " ") if r["server"] == "evenflow" \
+            else r["server"]
+        out.append(f"| {r['L']} | {server} | **{f(s.get('ttft_s'), 2)}** | {s.get('server_prompt_tokens', '–')} | "
                    f"{load_cell(r)} |")
     return out
 
 
+def held_tokens(s: dict) -> int | None:
+    """What a step's queries attend: the unified cache's cells (`held`), else the running sequences' own tokens."""
+    return s["held"] if s.get("held") is not None else s.get("running_tokens")
+
+
 def step_cost_table(rows: list[dict]) -> list[str]:
-    """Steps with 4 decodes, by the tokens the unified cache held before them (running + cached prefixes)."""
-    bins: dict[tuple[int, int], tuple[list[float], list[tuple[int, float]]]] = {}
+    """Steps with 4 decodes, by the tokens held: the unified cache's cells before the step (running + cached
+    prefixes), or with per-sequence streams the tokens the running sequences hold."""
+    bins: dict[tuple[str, int, int], tuple[list[float], list[tuple[int, float]]]] = {}
     for r in rows:
+        if r["server"] != "evenflow":
+            continue
         for s in r.get("steps", []):
-            if s.get("decodes") != 4 or s.get("held") is None:
+            if s.get("decodes") != 4 or held_tokens(s) is None:
                 continue
-            key = (r["L"], next((e for e in EDGES if s["held"] <= e), EDGES[-1] * 2))
+            key = (r.get("label", r.get("git", "?")), r["L"], next((e for e in EDGES if held_tokens(s) <= e), EDGES[-1] * 2))
             dec, mix = bins.setdefault(key, ([], []))
             (mix.append((s["prefill_tokens"], s["forward_ms"])) if s["prefill_tokens"] else dec.append(s["forward_ms"]))
-    out = ["| daemon run (L) | tokens held (≤) | 4 decodes alone: steps, median ms | 4 decodes + a chunk: steps, "
-           "median chunk, median ms |", "|---|---|---|---|"]
+    out = ["| daemon run | L | tokens held (≤) | 4 decodes alone: steps, median ms | 4 decodes + a chunk: steps, "
+           "median chunk, median ms |", "|---|---|---|---|---|"]
     med = statistics.median
-    for (L, e), (dec, mix) in sorted(bins.items()):
+    for (label, L, e), (dec, mix) in sorted(bins.items()):
         a = f"{len(dec)}, {med(dec):.1f}" if dec else "–"
         m = f"{len(mix)}, {med(p for p, _ in mix):.0f}, {med(t for _, t in mix):.1f}" if mix else "–"
-        out.append(f"| {L} | {e} | {a} | {m} |")
+        out.append(f"| {label} | {L} | {e} | {a} | {m} |")
     return out
 
 

@@ -101,6 +101,7 @@ class StepRecorder:
 
     def __init__(self, url: str) -> None:
         self.steps: list[dict] = []
+        self.events: list[dict] = []  # model events (loaded: backend, slots, kv_layout)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, args=(url,), daemon=True)
         self._t.start()
@@ -115,6 +116,8 @@ class StepRecorder:
                         ev = json.loads(line)
                         if ev.get("type") == "step":
                             self.steps.append(ev)
+                        elif ev.get("type") == "model":
+                            self.events.append(ev)
         except httpx.HTTPError:
             pass
 

@@ -44,7 +44,8 @@ def test_ollama_js_common_calls_and_structured_output(tmp_path: Path, synthetic_
         jsonschema.validate(person, PERSON)
         assert out["chat_schema_streamed"] == out["chat_schema"] and out["chat_done_reason"] == "stop"
         assert isinstance(json.loads(out["generate_json"]), dict) and out["eval_count"] > 0
-        assert out["abort_error"] == "AbortError" and out["abort_parts"] == 5
+        # the window holds 1024 tokens: a stream that was not cut off would have ended by itself, without an error
+        assert out["abort_error"] == "AbortError" and 5 <= out["abort_parts"] < 200, out
         assert out["embed_dims"] == [64, 64]
         deadline = time.monotonic() + 60
         while kv_used(d, "tiny:latest") and time.monotonic() < deadline:  # the aborted stream's KV is freed

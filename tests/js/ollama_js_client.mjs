@@ -34,7 +34,7 @@ try {
     if (++parts === 5) long.abort()
   }
 } catch (e) {
-  out.abort_error = e.name
+  out.abort_error = e.name  // parts already parsed before the abort may still arrive first
 }
 out.abort_parts = parts
 

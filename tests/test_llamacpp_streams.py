@@ -102,7 +102,7 @@ def test_forgotten_blocks_leave_parked_streams_and_never_running_ones(cells):
     assert fake.blocks(a) == [1] and sc.num_parked == 1
     sc.drop_blocks([1])
     assert fake.cells[a] == {} and sc.num_parked == 0
-    with pytest.raises(RuntimeError, match="live stream"):
+    with pytest.raises(RuntimeError, match="live sequence"):
         sc.drop_blocks([3])
     assert fake.blocks(b) == [3, 4]
 

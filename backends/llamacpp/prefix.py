@@ -6,6 +6,7 @@ cells without copying data. A finished slot's cells move to a spare "holder" seq
 prefix's positions from whichever sequence holds each block; a block the engine forgets (freed uncached or
 evicted) has its cells removed with `llama_memory_seq_rm`. Holder ids are finite: when none is left the
 least recently used holder is dropped and its blocks reported back, so the engine stops counting on them.
+`BlockCells` is the bookkeeping both layouts share (streams.py is the per-sequence-stream one).
 """
 from __future__ import annotations
 
@@ -17,18 +18,58 @@ RemoveFn = Callable[[int, int, int], None]
 CopyFn = Callable[[int, int, int, int], None]
 
 
-class PrefixCells:
-    """Which llama.cpp sequences (live slots and holders) hold the cells of which engine blocks."""
+class BlockCells:
+    """Which llama.cpp sequences' cells hold which engine blocks; what both KV layouts share."""
 
-    def __init__(self, num_slots: int, num_holders: int, block_size: int, remove: RemoveFn, copy: CopyFn) -> None:
-        self.num_slots, self.block_size = num_slots, block_size
-        self._remove, self._copy = remove, copy
+    def __init__(self, block_size: int, remove: RemoveFn) -> None:
+        self.block_size, self._remove = block_size, remove
         self._tables: dict[int, list[int | None]] = {}  # seq id -> its blocks by position (None: dropped)
         self._where: dict[int, set[int]] = {}  # block -> seq ids whose cells hold it
         self._index: dict[int, int] = {}  # block -> its position in every table that holds it
+        self.uncached: list[int] = []  # blocks whose last cells went, for the engine to uncache
+
+    def _add(self, seq: int, i: int, block: int) -> None:
+        self._tables[seq].append(block)
+        self._where.setdefault(block, set()).add(seq)
+        self._index[block] = i
+
+    def _live(self, seq: int) -> bool:
+        raise NotImplementedError
+
+    def _emptied(self, seq: int) -> None:
+        """Every block a kept (not live) sequence held was dropped."""
+        raise NotImplementedError
+
+    def drop_blocks(self, blocks: list[int]) -> None:
+        """The engine will never read these blocks again: remove their cells from every sequence keeping them."""
+        bs = self.block_size
+        for b in blocks:
+            seqs = self._where.pop(b, None)
+            if not seqs:
+                continue
+            i = self._index.pop(b)
+            for s in seqs:
+                if self._live(s):
+                    raise RuntimeError(f"block {b} dropped while live sequence {s} holds it")
+                self._remove(s, i * bs, (i + 1) * bs)
+                table = self._tables[s]
+                table[i] = None
+                if all(x is None for x in table):
+                    self._emptied(s)
+
+    def take_uncached(self) -> list[int]:
+        out, self.uncached = self.uncached, []
+        return out
+
+
+class PrefixCells(BlockCells):
+    """Unified layout: which llama.cpp sequences (live slots and holders) hold the cells of which engine blocks."""
+
+    def __init__(self, num_slots: int, num_holders: int, block_size: int, remove: RemoveFn, copy: CopyFn) -> None:
+        super().__init__(block_size, remove)
+        self.num_slots, self._copy = num_slots, copy
         self._spare = list(range(num_slots + num_holders - 1, num_slots - 1, -1))
         self._holders: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
-        self.uncached: list[int] = []  # blocks lost by dropping a holder, for the engine to uncache
 
     @property
     def num_holders(self) -> int:
@@ -49,11 +90,6 @@ class PrefixCells:
         bs = self.block_size
         for i in range(len(known), min(-(-(start_pos + length) // bs), len(table))):
             self._add(slot, i, table[i])
-
-    def _add(self, seq: int, i: int, block: int) -> None:
-        self._tables[seq].append(block)
-        self._where.setdefault(block, set()).add(seq)
-        self._index[block] = i
 
     def _share(self, slot: int, blocks: list[int]) -> None:
         src, run_start = None, 0
@@ -103,22 +139,11 @@ class PrefixCells:
                 seqs.add(holder)
         self._remove(slot, -1, -1)
 
-    def drop_blocks(self, blocks: list[int]) -> None:
-        """The engine will never read these blocks again: remove their cells from every holder."""
-        bs = self.block_size
-        for b in blocks:
-            seqs = self._where.pop(b, None)
-            if not seqs:
-                continue
-            i = self._index.pop(b)
-            for s in seqs:
-                if s < self.num_slots:
-                    raise RuntimeError(f"block {b} dropped while live slot {s} holds it")
-                self._remove(s, i * bs, (i + 1) * bs)
-                table = self._tables[s]
-                table[i] = None
-                if all(x is None for x in table):
-                    self._release_holder(s)
+    def _live(self, seq: int) -> bool:
+        return seq < self.num_slots
+
+    def _emptied(self, seq: int) -> None:
+        self._release_holder(seq)
 
     def _drop_holder(self, h: int) -> None:
         for b in self._tables.get(h, []):
@@ -137,10 +162,6 @@ class PrefixCells:
         self._tables.pop(h, None)
         self._holders.pop(h, None)
         self._spare.append(h)
-
-    def take_uncached(self) -> list[int]:
-        out, self.uncached = self.uncached, []
-        return out
 
     def reset(self) -> None:
         """Forget every holder and slot (a new engine starts with an empty cache)."""

@@ -14,23 +14,20 @@ from __future__ import annotations
 import collections
 from typing import Callable, Iterable
 
-RemoveFn = Callable[[int, int, int], None]  # (stream, p0, p1): remove positions [p0, p1) (-1 = open end)
-CopyFn = Callable[[int, int], None]  # (src, dst): dst's cells become a copy of src's
+from .prefix import BlockCells, RemoveFn
+
+StreamCopyFn = Callable[[int, int], None]  # (src, dst): dst's cells become a copy of src's
 
 
-class StreamCells:
-    """Which engine slot runs in which stream, and which blocks each stream's cells hold."""
+class StreamCells(BlockCells):
+    """Which engine slot runs in which stream, and which blocks each stream's cells hold (seq id = stream)."""
 
-    def __init__(self, num_streams: int, block_size: int, remove: RemoveFn, copy: CopyFn) -> None:
-        self.num_streams, self.block_size = num_streams, block_size
-        self._remove, self._copy = remove, copy
+    def __init__(self, num_streams: int, block_size: int, remove: RemoveFn, copy: StreamCopyFn) -> None:
+        super().__init__(block_size, remove)
+        self.num_streams, self._copy = num_streams, copy
         self._stream: dict[int, int] = {}  # live slot -> its stream
         self._slot: dict[int, int] = {}  # live stream -> its slot
-        self._tables: dict[int, list[int | None]] = {}  # stream -> blocks by position (None: dropped)
-        self._where: dict[int, set[int]] = {}  # block -> streams holding it
-        self._index: dict[int, int] = {}  # block -> its position
         self._parked: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
-        self.uncached: list[int] = []  # blocks whose last cells went, for the engine to uncache
 
     @property
     def num_parked(self) -> int:
@@ -108,11 +105,6 @@ class StreamCells:
         self._stream[slot], self._slot[stream] = stream, slot
         self._tables.setdefault(stream, [])
 
-    def _add(self, stream: int, i: int, block: int) -> None:
-        self._tables[stream].append(block)
-        self._where.setdefault(block, set()).add(stream)
-        self._index[block] = i
-
     def _truncate(self, stream: int, n: int) -> None:
         """Keep the stream's first n blocks; cells beyond go, blocks held nowhere else become uncached."""
         table = self._tables.setdefault(stream, [])
@@ -139,27 +131,12 @@ class StreamCells:
             self._tables.pop(s, None)
             self._remove(s, -1, -1)
 
-    def drop_blocks(self, blocks: list[int]) -> None:
-        """The engine will never read these blocks again: remove their cells from every stream."""
-        bs = self.block_size
-        for b in blocks:
-            streams = self._where.pop(b, None)
-            if not streams:
-                continue
-            i = self._index.pop(b)
-            for s in streams:
-                if s in self._slot:
-                    raise RuntimeError(f"block {b} dropped while live stream {s} holds it")
-                self._remove(s, i * bs, (i + 1) * bs)
-                table = self._tables[s]
-                table[i] = None
-                if all(x is None for x in table):
-                    self._parked.pop(s, None)
-                    self._tables.pop(s)
+    def _live(self, stream: int) -> bool:
+        return stream in self._slot
 
-    def take_uncached(self) -> list[int]:
-        out, self.uncached = self.uncached, []
-        return out
+    def _emptied(self, stream: int) -> None:
+        self._parked.pop(stream, None)
+        self._tables.pop(stream)
 
     def reset(self) -> None:
         """Forget every stream's cells (a new engine starts with an empty cache)."""

@@ -93,6 +93,22 @@ def test_an_unrelated_sequence_takes_the_oldest_parked_stream_not_needed_this_st
     assert sc.num_parked == 1 and fake.blocks(2) == [5, 6]
 
 
+def test_a_fresh_sequence_takes_the_stream_that_keeps_the_running_ones_consecutive():
+    # llama.cpp runs only consecutive stream ids in one micro-batch: a decode in stream 4 beside 0, 2, 3 would
+    # cost a pass of its own, in stream 1 it closes the gap (even though stream 4 was parked first)
+    fake = FakeCells(5)
+    sc = StreamCells(5, BS, fake.remove, fake.copy)
+    for slot in range(5):
+        run(sc, fake, [(slot, 0, 4, [10 + slot])])
+    sc.free(4)
+    sc.free(1)
+    (s,) = run(sc, fake, [(7, 0, 4, [30])])
+    assert s == 1 and sc.take_uncached() == [11]
+    sc.free(0)  # parked: 4, then 0; live 1, 2, 3: stream 0 joins them, stream 4 too, and 4 is older
+    (s,) = run(sc, fake, [(8, 0, 4, [31])])
+    assert s == 4
+
+
 def test_forgotten_blocks_leave_parked_streams_and_never_running_ones(cells):
     sc, fake = cells
     (a,) = run(sc, fake, [(0, 0, 8, [1, 2])])

@@ -90,14 +90,20 @@ class StreamCells(BlockCells):
         return sorted(s for s in self._where.get(blocks[-1], ()) if self._tables[s][:n] == blocks)
 
     def _spare_stream(self, needed: set[int]) -> int:
-        """A stream no slot runs in: an empty one, else the least recently parked one holding nothing `needed`."""
+        """A stream no slot runs in: an empty one, else a parked one holding nothing `needed` (the least recently
+        parked one of those that keep the running streams together).
+
+        llama.cpp puts only consecutive stream ids into one micro-batch, so decoding streams with a gap between them
+        cost a weight pass per run of consecutive ids: a stream next to running ones (best, one that closes a gap)
+        goes first."""
         idle = [s for s in range(self.num_streams) if s not in self._slot]
-        empty = [s for s in idle if s not in self._parked]
-        if empty:
-            return empty[0]
         order = list(self._parked)
-        s = next((p for p in order if not needed.intersection(b for b in self._tables[p] if b is not None)), order[0])
-        self._truncate(s, 0)
+        usable = [s for s in idle if s not in self._parked] or \
+            [p for p in order if not needed.intersection(b for b in self._tables[p] if b is not None)] or order[:1]
+        age = {p: i for i, p in enumerate(order)}
+        s = min(usable, key=lambda x: (-((x - 1) in self._slot) - ((x + 1) in self._slot), age.get(x, 0), x))
+        if s in self._parked:
+            self._truncate(s, 0)
         return s
 
     def _bind(self, slot: int, stream: int) -> None:

@@ -142,7 +142,7 @@ def main() -> None:
             row["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                         cwd=HERE).stdout.strip()
             out["rows"].append(row)
-            a.out.write_text(json.dumps(out, indent=1))
+            a.out.write_text(json.dumps(out, separators=(",", ":")))  # compact: a row holds its step events
 
 
 if __name__ == "__main__":

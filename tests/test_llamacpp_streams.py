@@ -94,19 +94,20 @@ def test_an_unrelated_sequence_takes_the_oldest_parked_stream_not_needed_this_st
 
 
 def test_a_fresh_sequence_takes_the_stream_that_keeps_the_running_ones_consecutive():
-    # llama.cpp runs only consecutive stream ids in one micro-batch: a decode in stream 4 beside 0, 2, 3 would
-    # cost a pass of its own, in stream 1 it closes the gap (even though stream 4 was parked first)
-    fake = FakeCells(5)
-    sc = StreamCells(5, BS, fake.remove, fake.copy)
-    for slot in range(5):
+    # llama.cpp runs only consecutive stream ids in one micro-batch: a decode in stream 6 beside 1, 3, 4 would cost
+    # a pass of its own, in stream 2 it closes the gap. Parked streams are taken from the older half only.
+    fake = FakeCells(7)
+    sc = StreamCells(7, BS, fake.remove, fake.copy)
+    for slot in range(7):
         run(sc, fake, [(slot, 0, 4, [10 + slot])])
-    sc.free(4)
-    sc.free(1)
+    for slot in (6, 2, 0, 5):
+        sc.free(slot)
+    # parked, oldest first: 6, 2, 0, 5; live: 1, 3, 4. Older half: 6 (no live neighbour), 2 (between 1 and 3)
     (s,) = run(sc, fake, [(7, 0, 4, [30])])
-    assert s == 1 and sc.take_uncached() == [11]
-    sc.free(0)  # parked: 4, then 0; live 1, 2, 3: stream 0 joins them, stream 4 too, and 4 is older
+    assert s == 2 and sc.take_uncached() == [12]
+    # parked: 6, 0, 5; the older half is 6 alone: 5 would join 4, but it is among the recently parked
     (s,) = run(sc, fake, [(8, 0, 4, [31])])
-    assert s == 4
+    assert s == 6 and sc.take_uncached() == [16]
 
 
 def test_forgotten_blocks_leave_parked_streams_and_never_running_ones(cells):

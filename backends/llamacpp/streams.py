@@ -90,16 +90,18 @@ class StreamCells(BlockCells):
         return sorted(s for s in self._where.get(blocks[-1], ()) if self._tables[s][:n] == blocks)
 
     def _spare_stream(self, needed: set[int]) -> int:
-        """A stream no slot runs in: an empty one, else a parked one holding nothing `needed` (the least recently
-        parked one of those that keep the running streams together).
+        """A stream no slot runs in: an empty one, else a parked one holding nothing `needed`, from the least
+        recently parked half (the recent half is what the next chat turns will ask for).
 
         llama.cpp puts only consecutive stream ids into one micro-batch, so decoding streams with a gap between them
-        cost a weight pass per run of consecutive ids: a stream next to running ones (best, one that closes a gap)
-        goes first."""
+        cost a weight pass per run of consecutive ids: among those candidates, a stream next to running ones (best,
+        one that closes a gap) goes first, then the least recently parked."""
         idle = [s for s in range(self.num_streams) if s not in self._slot]
         order = list(self._parked)
-        usable = [s for s in idle if s not in self._parked] or \
-            [p for p in order if not needed.intersection(b for b in self._tables[p] if b is not None)] or order[:1]
+        usable = [s for s in idle if s not in self._parked]
+        if not usable:
+            spare = [p for p in order if not needed.intersection(b for b in self._tables[p] if b is not None)]
+            usable = spare[: max(1, len(spare) // 2)] or order[:1]
         age = {p: i for i, p in enumerate(order)}
         s = min(usable, key=lambda x: (-((x - 1) in self._slot) - ((x + 1) in self._slot), age.get(x, 0), x))
         if s in self._parked:

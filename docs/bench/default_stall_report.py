@@ -45,13 +45,19 @@ def load_cell(row: dict) -> str:
     return f"{f(la[0])}→{f(la[1])}, {f(ld.get('cpu_pressure_pct'), 0)}%"
 
 
+def label(r: dict) -> str:
+    """evenflow's rows name their settings and commit; every row says when it finished (rows compare side by side)."""
+    name = f"evenflow {r.get('label') or ''} @ {r.get('git', '?')}".replace("  ", " ") if r["server"] == "evenflow" \
+        else r["server"]
+    return f"{name}, {r['finished'][11:16]}" if r.get("finished") else name
+
+
 def stall_table(rows: list[dict]) -> list[str]:
     out = ["| L | server | client | P50 / P99 / max gap during ingestion (ms) | long-prompt TTFT (s) | "
            "mean gap before / after (ms) | prompt tokens | load avg start→end, CPU pressure |",
            "|---|---|---|---|---|---|---|---|"]
-    for r in sorted((r for r in rows if r["scenario"] == "stall"), key=lambda r: (r["L"], r["server"] != "evenflow")):
-        server = f"evenflow {r.get('label') or ''} @ {r.get('git', '?')}".replace("  ", " ") if r["server"] == "evenflow" \
-            else r["server"]
+    for r in sorted((r for r in rows if r["scenario"] == "stall"), key=lambda r: (r["L"], r.get("finished", ""))):
+        server = label(r)
         if "stream_bench" in r:
             out.append("| " + " | ".join([str(r["L"]), server, "stream_bench", *sb_cells(r["stream_bench"]),
                                           load_cell(r)]) + " |")
@@ -63,10 +69,9 @@ def stall_table(rows: list[dict]) -> list[str]:
 
 def alone_table(rows: list[dict]) -> list[str]:
     out = ["| L | server | TTFT (s) | prompt tokens | load avg start→end, CPU pressure |", "|---|---|---|---|---|"]
-    for r in sorted((r for r in rows if r["scenario"] == "prefill"), key=lambda r: (r["L"], r["server"] != "evenflow")):
+    for r in sorted((r for r in rows if r["scenario"] == "prefill"), key=lambda r: (r["L"], r.get("finished", ""))):
         s = next((x for x in r.get("stream_bench", {}).get("streams", []) if x.get("role") == "long"), {})
-        server = f"evenflow {r.get('label') or ''} @ {r.get('git', '?')}".replace("  ", " ") if r["server"] == "evenflow" \
-            else r["server"]
+        server = label(r)
         out.append(f"| {r['L']} | {server} | **{f(s.get('ttft_s'), 2)}** | {s.get('server_prompt_tokens', '–')} | "
                    f"{load_cell(r)} |")
     return out

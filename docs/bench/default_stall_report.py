@@ -92,7 +92,7 @@ def step_cost_table(rows: list[dict]) -> list[str]:
         for s in r.get("steps", []):
             if s.get("decodes") != 4 or held_tokens(s) is None:
                 continue
-            key = (r.get("label", r.get("git", "?")), r["L"], next((e for e in EDGES if held_tokens(s) <= e), EDGES[-1] * 2))
+            key = (f"{r.get('label', '')} @ {r.get('git', '?')}".strip(), r["L"], next((e for e in EDGES if held_tokens(s) <= e), EDGES[-1] * 2))
             dec, mix = bins.setdefault(key, ([], []))
             (mix.append((s["prefill_tokens"], s["forward_ms"])) if s["prefill_tokens"] else dec.append(s["forward_ms"]))
     out = ["| daemon run | L | tokens held (≤) | 4 decodes alone: steps, median ms | 4 decodes + a chunk: steps, "

@@ -171,6 +171,14 @@ def _choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
+def _flash_attention(text: str) -> str:
+    """auto, on or off; Ollama's 1/0 (true/false) mean on/off, empty means auto."""
+    t = text.strip().lower()
+    if t in ("", "auto"):
+        return "auto"
+    return "on" if _parse_bool(t) else "off"
+
+
 def _origins(text: str) -> list[str]:
     return [o.strip() for o in text.split(",") if o.strip()]
 
@@ -248,6 +256,9 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "llama.cpp KV layout: streams = a KV stream per sequence (a query attends only its own tokens), "
                 "unified = one cache, one pass per step, every query attends every occupied cell; auto = streams "
                 "when the pool holds a full window per slot"),
+    SettingSpec("flash_attention", _twin("OLLAMA_FLASH_ATTENTION"), _flash_attention, "auto, on/1 or off/0",
+                "llama.cpp flash attention: auto = llama.cpp's choice on a GPU, off on a CPU (its CPU kernel is "
+                "slow for the small prompt chunks of chunked prefill; faster for one long prompt alone)"),
     SettingSpec("log_content", ("EVENFLOW_LOG_CONTENT",), _parse_bool, "1/0 or true/false",
                 "include prompts and outputs in /api/events", is_flag=True),
     SettingSpec("ollama_store", ("EVENFLOW_OLLAMA_STORE",), _path, "a directory path",
@@ -306,6 +317,7 @@ class Settings:
     gpu_kv_fraction: float = 0.9
     num_threads: int = 0
     llamacpp_kv: str = "auto"
+    flash_attention: str = "auto"
     log_content: bool = False
     ollama_store: Path | None = field(default_factory=_default_ollama_store)
     no_demo: bool = False

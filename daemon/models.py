@@ -238,7 +238,8 @@ class ModelManager:
         step_cap = max(want, s.max_batched_tokens) if s.prefill == "monolithic" else s.max_batched_tokens
         rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,
                             device=s.device, num_threads=s.num_threads or None,
-                            kv_memory_fraction=s.gpu_kv_fraction, kv_layout=s.llamacpp_kv)
+                            kv_memory_fraction=s.gpu_kv_fraction, kv_layout=s.llamacpp_kv,
+                            flash_attention=s.flash_attention)
         t0 = time.perf_counter_ns()
         log.info("loading %s from %s with %s (num_ctx %d, slots %s)", record.name, record.path, backend, want,
                  self.slots or "auto")

@@ -121,3 +121,12 @@ def test_llamacpp_kv_layout_is_checked_at_start() -> None:
     assert load_settings({"EVENFLOW_LLAMACPP_KV": "unified"}).llamacpp_kv == "unified"
     with pytest.raises(ConfigError, match="EVENFLOW_LLAMACPP_KV"):
         load_settings({"EVENFLOW_LLAMACPP_KV": "sideways"})
+
+
+def test_flash_attention_takes_ollamas_variable_and_words() -> None:
+    assert load_settings({}).flash_attention == "auto"
+    assert load_settings({"OLLAMA_FLASH_ATTENTION": "1"}).flash_attention == "on"
+    assert load_settings({"EVENFLOW_FLASH_ATTENTION": "off"}).flash_attention == "off"
+    assert load_settings({"OLLAMA_FLASH_ATTENTION": "false"}).flash_attention == "off"
+    with pytest.raises(ConfigError, match="FLASH_ATTENTION"):
+        load_settings({"EVENFLOW_FLASH_ATTENTION": "sometimes"})

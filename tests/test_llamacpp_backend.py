@@ -315,6 +315,18 @@ def test_extra_bufts_env_override_and_cached_verdict(monkeypatch, tmp_path):
     monkeypatch.setenv(amx.ENV_VAR, "sometimes")
     with pytest.raises(ValueError, match="sometimes"):
         amx.extra_bufts_enabled()
+    # auto: no AMX, no repacking (it slowed prompts down on an AVX2 EPYC); with AMX, the probe's verdict
+    monkeypatch.setenv(amx.ENV_VAR, "auto")
+    monkeypatch.setattr(amx, "_decided", None)
+    monkeypatch.setattr(amx, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(amx, "_cached_or_probe", lambda: pytest.fail("no probe without AMX"))
+    assert amx.extra_bufts_enabled() is False
+    monkeypatch.setattr(amx, "_decided", None)
+    monkeypatch.setattr(amx, "cpu_model", lambda: "Intel(R) Xeon(R) Platinum amx_bf16 amx_int8 amx_tile")
+    monkeypatch.setattr(amx, "_cached_or_probe", lambda: True)
+    assert amx.extra_bufts_enabled() is True
+    monkeypatch.undo()
+    monkeypatch.setattr(amx, "_decided", None)
     # the verdict is cached per CPU model: a cached entry is used as is, without a new probe
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cache = amx._cache_file()

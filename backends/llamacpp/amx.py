@@ -5,6 +5,9 @@ the first decode of a Q8_0 model, taking the daemon with it. So extra buffer typ
 one-time probe in a subprocess (tiny synthetic Q8_0 model, extra bufts on, a few decodes) survives.
 The verdict is cached per CPU model string and llama.cpp build; EVENFLOW_LLAMACPP_EXTRA_BUFTS =
 auto | on | off overrides.
+
+`auto` repacks only on a CPU with AMX: on an AVX2 CPU (an AMD EPYC) the repacked weights made a 4096-token prompt
+alone 27% slower (34.97 s against 27.54 s, docs/performance.md) and decode steps no faster.
 """
 from __future__ import annotations
 
@@ -65,8 +68,15 @@ def extra_bufts_enabled() -> bool:
     if mode != "auto":
         return mode == "on"
     if _decided is None:
-        _decided = _cached_or_probe()
+        _decided = has_amx() and _cached_or_probe()
+        if not has_amx():
+            log.info("llama.cpp extra buffer types off: no AMX on %r (repacking for AVX2 slows prompts down)",
+                     cpu_model())
     return _decided
+
+
+def has_amx() -> bool:
+    return "amx_int8" in cpu_model().split()
 
 
 def _cached_or_probe() -> bool:

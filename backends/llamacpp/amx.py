@@ -69,9 +69,8 @@ def extra_bufts_enabled() -> bool:
         return mode == "on"
     if _decided is None:
         _decided = has_amx() and _cached_or_probe()
-        if not has_amx():
-            log.info("llama.cpp extra buffer types off: no AMX on %r (repacking for AVX2 slows prompts down)",
-                     cpu_model())
+        if not _decided:
+            log.info("llama.cpp extra buffer types off on %r (no AMX, or the probe failed)", cpu_model())
     return _decided
 
 

@@ -239,7 +239,10 @@ class ModelManager:
         rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,
                             device=s.device, num_threads=s.num_threads or None,
                             kv_memory_fraction=s.gpu_kv_fraction, kv_layout=s.llamacpp_kv,
-                            flash_attention=s.flash_attention)
+                            flash_attention=s.flash_attention, kv_cache_type=s.kv_cache_type)
+        if s.kv_cache_type != "f16" and backend != "llamacpp":
+            log.warning("OLLAMA_KV_CACHE_TYPE=%s applies to the llama.cpp backend only; %s keeps its own KV type",
+                        s.kv_cache_type, backend)
         t0 = time.perf_counter_ns()
         log.info("loading %s from %s with %s (num_ctx %d, slots %s)", record.name, record.path, backend, want,
                  self.slots or "auto")
@@ -264,7 +267,7 @@ class ModelManager:
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
                       "context_length": ctx, "load_ms": model.load_duration_ns / 1e6, "size": model.size,
                       "slots": engine.scheduler.slots.size, "kv_tokens": engine.blocks.num_blocks * engine.block_size,
-                      "kv_layout": getattr(runner, "kv_layout", None)})
+                      "kv_layout": getattr(runner, "kv_layout", None), "kv_types": getattr(runner, "kv_types", None)})
         log.info("loaded %s in %.2fs (%s, ctx %d)", record.name, model.load_duration_ns / 1e9, backend, ctx)
         return model
 

@@ -350,3 +350,46 @@ def test_spans_listed_out_of_flattened_order_get_their_own_rows(runner):
     second = runner.step(swapped)
     runner.free(0), runner.free(1)
     np.testing.assert_allclose(second, first[::-1], atol=1e-5)
+
+
+def test_llama_cpp_errors_reach_messages_and_its_info_lines_do_not():
+    import llama_cpp.llama_cpp as L
+
+    from evenflow.backends.llamacpp.native import ensure_backend, take_recent_errors
+
+    ensure_backend()
+    take_recent_errors()
+    assert not L.llama_model_load_from_file(b"/nonexistent/evenflow-missing.gguf", L.llama_model_default_params())
+    assert "evenflow-missing.gguf" in take_recent_errors()  # llama.cpp's ERROR line, quoted in ModelLoadError
+    model = L.llama_model_load_from_file(str(cached_model(make_spec("tiny", architecture="llama"), formats=("gguf",),
+                                                          gguf_dtype="f32")["gguf"]).encode(),
+                                         L.llama_model_default_params())
+    assert model
+    L.llama_model_free(model)
+    assert "print_info" not in take_recent_errors()  # a load's INFO chatter is not an error
+
+
+def test_quantized_kv_cache_follows_ollamas_rule_and_stays_close_to_f16(tiny_gguf):
+    # heads of 32 values (q8_0/q4_0 blocks are 32 wide) and sharp attention, so K's precision shows in the logits
+    spec = make_spec("tiny", architecture="llama", hidden_size=128, qk_std=0.5)
+    path = cached_model(spec, formats=("gguf",), gguf_dtype="f32")["gguf"]
+    prompt = list(range(40, 140))
+
+    def last_logits(kv: str, fa: str) -> tuple[tuple[str, str], np.ndarray]:
+        r = load(str(path), RunnerSettings(max_num_seqs=2, block_size=BS, num_kv_blocks=32, num_threads=2,
+                                           max_num_batched_tokens=128, kv_cache_type=kv, flash_attention=fa))
+        try:
+            return r.kv_types, r.step(Batch.from_spans([(0, prompt, 0, [], True)], BS))[0]
+        finally:
+            r.close()
+
+    types_f16, f16 = last_logits("f16", "off")
+    types_k, q8k = last_logits("q8_0", "off")
+    types_kv, q8kv = last_logits("q8_0", "on")
+    assert (types_f16, types_k, types_kv) == (("f16", "f16"), ("q8_0", "f16"), ("q8_0", "q8_0"))
+    spread = float(f16.max() - f16.min())
+    for got in (q8k, q8kv):
+        diff = float(np.max(np.abs(got - f16)))
+        assert 0 < diff < 0.05 * spread  # quantized for real, and still the same model
+    with pytest.raises(ModelLoadError, match="multiple of 32"):  # 16-value heads: refused, never mangled
+        load(str(tiny_gguf), RunnerSettings(max_num_seqs=2, block_size=BS, num_kv_blocks=32, kv_cache_type="q4_0"))

@@ -82,8 +82,12 @@ def model_info(header: GGUFHeader, vocab_size: int, parameter_count: int) -> Mod
     )
 
 
+def key_head_dim(info: ModelInfo, header: GGUFHeader) -> int:
+    """Width of one attention head's key."""
+    md = header.metadata
+    return int(md.get(f"{info.architecture}.attention.key_length", 0) or (info.embedding_length // max(info.head_count, 1)))
+
+
 def kv_bytes_per_token(info: ModelInfo, header: GGUFHeader, bytes_per_elem: int = 2) -> int:
     """Approximate KV-cache bytes per token (K and V, all layers) for sizing the context."""
-    md, arch = header.metadata, info.architecture
-    head_dim = int(md.get(f"{arch}.attention.key_length", 0) or (info.embedding_length // max(info.head_count, 1)))
-    return 2 * info.block_count * info.head_count_kv * head_dim * bytes_per_elem
+    return 2 * info.block_count * info.head_count_kv * key_head_dim(info, header) * bytes_per_elem

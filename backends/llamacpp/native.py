@@ -16,7 +16,7 @@ _init_lock = threading.Lock()
 _initialised = False
 _log_callback = None  # keep the ctypes callback alive for the life of the process
 _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
-_GGML_ERROR, _GGML_WARN = 3, 2
+_GGML_ERROR, _GGML_WARN = 4, 3  # ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT
 
 
 def ensure_backend() -> None:

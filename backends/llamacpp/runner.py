@@ -25,7 +25,7 @@ from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
 from ..common.memory import host_kv_budget, plan_kv
 from . import amx
 from .embedder import Embedder
-from .gguf_info import GGUFHeader, kv_bytes_per_token, model_info, read_header
+from .gguf_info import GGUFHeader, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
 from .prefix import PrefixCells
 from .streams import StreamCells
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 # settings.dtype picks the KV-cache element type here (weights keep the GGUF's own types)
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 _KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30}  # GGML_TYPE_F16 / F32 / BF16
+_KV_QUANT = {"f16": None, "q8_0": 8, "q4_0": 2}  # settings.kv_cache_type (OLLAMA_KV_CACHE_TYPE) -> GGML_TYPE_*
+_TYPE_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 8: "q8_0", 30: "bf16"}
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
 PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
 KV_ENV = "EVENFLOW_LLAMACPP_KV"
@@ -105,6 +107,8 @@ class LlamaCppRunner:
             )
         if settings.dtype not in _KV_TYPES:
             raise ValueError(f"dtype={settings.dtype!r} not supported by llama.cpp; allowed: {', '.join(_KV_TYPES)}")
+        if settings.kv_cache_type not in _KV_QUANT:
+            raise ValueError(f"kv_cache_type={settings.kv_cache_type!r}; allowed: {', '.join(_KV_QUANT)}")
         self.path = model_path
         self.block_size = settings.block_size
         self.max_num_seqs = settings.max_num_seqs or 0  # resolved with the KV plan in _setup
@@ -140,6 +144,10 @@ class LlamaCppRunner:
         self.tokenizer = LlamaCppTokenizer(vocab)
         self.vocab_size = self.tokenizer.vocab_size
         self.info: ModelInfo = model_info(header, self.vocab_size, int(L.llama_model_n_params(self._model)))
+        head_dim = key_head_dim(self.info, header)
+        if settings.kv_cache_type != "f16" and head_dim % 32:  # q8_0 and q4_0 pack 32 values a block
+            raise ModelLoadError(f"{self.path}: a {settings.kv_cache_type} KV cache needs attention heads of a "
+                                 f"multiple of 32 values; this model's have {head_dim} (use f16)")
         tmpl = header.metadata.get("tokenizer.chat_template")
         self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
         # per-sequence window: num_ctx when given (even above the trained one, as Ollama allows), else trained
@@ -173,9 +181,11 @@ class LlamaCppRunner:
         self._views: dict[int, type] = {}  # rows -> ctypes float array type over the logits buffer
         self.last_decode_s = 0.0  # wall time of the last llama_decode (benchmarks: overhead = step - decode)
         log.info(
-            "llama.cpp loaded %s: %s %s, n_ctx=%d (%d blocks), seqs=%d, kv=%s, n_batch=%d, threads=%d, extra_bufts=%s",
+            "llama.cpp loaded %s: %s %s, n_ctx=%d (%d blocks), seqs=%d, kv=%s, kv types K/V=%s/%s, n_batch=%d, "
+            "threads=%d, extra_bufts=%s",
             self.path, self.info.architecture, self.info.file_type, self.n_ctx, self.num_kv_blocks,
-            self.max_num_seqs, self.kv_layout, self.max_batch_tokens, self.n_threads, self.extra_bufts,
+            self.max_num_seqs, self.kv_layout, *self.kv_types, self.max_batch_tokens,
+            self.n_threads, self.extra_bufts,
         )
 
     def _choose_layout(self, n_ctx: int, setting: str | None) -> str:
@@ -220,6 +230,11 @@ class LlamaCppRunner:
         if settings.flash_attention not in _FLASH_ATTN:
             raise ValueError(f"flash_attention={settings.flash_attention!r}; allowed: {', '.join(_FLASH_ATTN)}")
         cp.flash_attn_type = self._flash_attn_type(settings.flash_attention)
+        quant = _KV_QUANT[settings.kv_cache_type]
+        if quant is not None:  # llama.cpp quantizes K with or without flash attention, V only with it
+            cp.type_k = quant
+            cp.type_v = quant if cp.flash_attn_type == _FLASH_ATTN["on"] else cp.type_v
+        self.kv_types = (_TYPE_NAMES[cp.type_k], _TYPE_NAMES[cp.type_v])  # for the log and tests
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:
             raise ModelLoadError(

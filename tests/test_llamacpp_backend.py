@@ -369,7 +369,7 @@ def test_llama_cpp_errors_reach_messages_and_its_info_lines_do_not():
     assert "print_info" not in take_recent_errors()  # a load's INFO chatter is not an error
 
 
-def test_quantized_kv_cache_follows_ollamas_rule_and_stays_close_to_f16(tiny_gguf):
+def test_quantized_kv_cache_follows_ollamas_rule_and_stays_close_to_f16(tiny_gguf, monkeypatch):
     # heads of 32 values (q8_0/q4_0 blocks are 32 wide) and sharp attention, so K's precision shows in the logits
     spec = make_spec("tiny", architecture="llama", hidden_size=128, qk_std=0.5)
     path = cached_model(spec, formats=("gguf",), gguf_dtype="f32")["gguf"]
@@ -393,3 +393,17 @@ def test_quantized_kv_cache_follows_ollamas_rule_and_stays_close_to_f16(tiny_ggu
         assert 0 < diff < 0.05 * spread  # quantized for real, and still the same model
     with pytest.raises(ModelLoadError, match="multiple of 32"):  # 16-value heads: refused, never mangled
         load(str(tiny_gguf), RunnerSettings(max_num_seqs=2, block_size=BS, num_kv_blocks=32, kv_cache_type="q4_0"))
+
+    # RAM holds 2048 f16 tokens of this model (512 bytes each): a q8_0 K (34 bytes per 32 values) fits ~30% more
+    from evenflow.backends.llamacpp import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "host_kv_budget", lambda: 2048 * 512)
+
+    def planned(kv: str) -> int:
+        r = load(str(path), RunnerSettings(max_num_seqs=8, block_size=BS, context_length=1024, num_threads=2,
+                                           kv_cache_type=kv))
+        r.close()
+        return r.num_kv_blocks * BS
+
+    assert planned("f16") == 2048
+    assert planned("q8_0") >= 2600

@@ -88,6 +88,6 @@ def key_head_dim(info: ModelInfo, header: GGUFHeader) -> int:
     return int(md.get(f"{info.architecture}.attention.key_length", 0) or (info.embedding_length // max(info.head_count, 1)))
 
 
-def kv_bytes_per_token(info: ModelInfo, header: GGUFHeader, bytes_per_elem: int = 2) -> int:
+def kv_bytes_per_token(info: ModelInfo, header: GGUFHeader, bytes_per_elem: float = 2) -> int:
     """Approximate KV-cache bytes per token (K and V, all layers) for sizing the context."""
-    return 2 * info.block_count * info.head_count_kv * key_head_dim(info, header) * bytes_per_elem
+    return round(2 * info.block_count * info.head_count_kv * key_head_dim(info, header) * bytes_per_elem)

@@ -38,6 +38,7 @@ _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 _KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30}  # GGML_TYPE_F16 / F32 / BF16
 _KV_QUANT = {"f16": None, "q8_0": 8, "q4_0": 2}  # settings.kv_cache_type (OLLAMA_KV_CACHE_TYPE) -> GGML_TYPE_*
 _TYPE_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 8: "q8_0", 30: "bf16"}
+_TYPE_BYTES = {0: 4, 1: 2, 2: 18 / 32, 8: 34 / 32, 30: 2}  # per value; q4_0 and q8_0 blocks hold 32
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
 PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
 KV_ENV = "EVENFLOW_LLAMACPP_KV"
@@ -107,6 +108,8 @@ class LlamaCppRunner:
             )
         if settings.dtype not in _KV_TYPES:
             raise ValueError(f"dtype={settings.dtype!r} not supported by llama.cpp; allowed: {', '.join(_KV_TYPES)}")
+        if settings.flash_attention not in _FLASH_ATTN:
+            raise ValueError(f"flash_attention={settings.flash_attention!r}; allowed: {', '.join(_FLASH_ATTN)}")
         if settings.kv_cache_type not in _KV_QUANT:
             raise ValueError(f"kv_cache_type={settings.kv_cache_type!r}; allowed: {', '.join(_KV_QUANT)}")
         self.path = model_path
@@ -152,7 +155,9 @@ class LlamaCppRunner:
         self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
         # per-sequence window: num_ctx when given (even above the trained one, as Ollama allows), else trained
         self.context_length = settings.context_length or self.info.context_length
-        elem = 4 if settings.dtype == "float32" else 2
+        self._kv_ggml_types = self._kv_types(settings)
+        self.kv_types = tuple(_TYPE_NAMES[t] for t in self._kv_ggml_types)  # for the log, events and tests
+        elem = sum(_TYPE_BYTES[t] for t in self._kv_ggml_types) / 2  # a quantized K (and V) leaves room for more
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
                                                   kv_bytes_per_token(self.info, header, elem))
         self.kv_layout = self._choose_layout(n_ctx, settings.kv_layout)
@@ -205,6 +210,14 @@ class LlamaCppRunner:
                          self.max_num_seqs, self.context_length)
         return mode
 
+    def _kv_types(self, settings: RunnerSettings) -> tuple[int, int]:
+        """(K, V) ggml types: `dtype`'s, or kv_cache_type's for K always and for V with flash attention on
+        (llama.cpp refuses a quantized V without it)."""
+        base, quant = _KV_TYPES[settings.dtype], _KV_QUANT[settings.kv_cache_type]
+        if quant is None:
+            return base, base
+        return quant, quant if self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"] else base
+
     @staticmethod
     def _flash_attn_type(choice: str) -> int:
         """auto = off on a CPU-only build: its flash-attention kernel costs ~10x more per attended key for a
@@ -226,15 +239,8 @@ class LlamaCppRunner:
         cp.kv_unified = self.shared_kv  # streams: n_ctx is split evenly, one window per sequence
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.no_perf = True
-        cp.type_k = cp.type_v = _KV_TYPES[settings.dtype]
-        if settings.flash_attention not in _FLASH_ATTN:
-            raise ValueError(f"flash_attention={settings.flash_attention!r}; allowed: {', '.join(_FLASH_ATTN)}")
+        cp.type_k, cp.type_v = self._kv_ggml_types
         cp.flash_attn_type = self._flash_attn_type(settings.flash_attention)
-        quant = _KV_QUANT[settings.kv_cache_type]
-        if quant is not None:  # llama.cpp quantizes K with or without flash attention, V only with it
-            cp.type_k = quant
-            cp.type_v = quant if cp.flash_attn_type == _FLASH_ATTN["on"] else cp.type_v
-        self.kv_types = (_TYPE_NAMES[cp.type_k], _TYPE_NAMES[cp.type_v])  # for the log and tests
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:
             raise ModelLoadError(

@@ -88,10 +88,11 @@ def run_evenflow(gguf: Path, L: int, scenario: str, clients: list[str], seconds:
         with serve_daemon(env, "default_stall_daemon.log") as url:
             import_model(url, gguf)
             rec = StepRecorder(url)
-            for client in clients:
+            for client in clients:  # "stream_bench#2": the same client again, on the same (now warm) daemon
                 t = time.time()
-                row[client] = stream_bench(url, scenario, L, seconds, seed) if client == "stream_bench" \
-                    else evenflow_bench(url, L, seconds)
+                kind, _, again = client.partition("#")  # again: another seed, so not a prefix-cache hit
+                row[client] = stream_bench(url, scenario, L, seconds, seed + int(again or 0)) \
+                    if kind == "stream_bench" else evenflow_bench(url, L, seconds)
                 row[client]["wall_s"] = time.time() - t
             time.sleep(0.5)
             row["steps"] = rec.stop()
@@ -114,13 +115,18 @@ def main() -> None:
     ap.add_argument("--lengths", default="2048,8192,16384", help="stall: long-prompt tokens")
     ap.add_argument("--alone", default="4096,16384", help="TTFT of a long prompt alone")
     ap.add_argument("--servers", default="evenflow,llama-server")
-    ap.add_argument("--clients", default="stream_bench,evenflow_bench", help="evenflow's clients")
+    ap.add_argument("--clients", default="stream_bench,evenflow_bench",
+                    help="evenflow's clients, in turn on one daemon; a #N suffix runs a client again (e.g. "
+                         "stream_bench,stream_bench#2: a fresh daemon's first long prompt against a warm one's)")
     ap.add_argument("--max-seconds", type=float, default=3600)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=HERE / "default_stall.json")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="a non-default daemon setting for an A/B row (the row is labelled with it)")
     a = ap.parse_args()
+    if any(c.partition("#")[0] not in ("stream_bench", "evenflow_bench") or not c.partition("#")[2].isdigit()
+           and "#" in c for c in a.clients.split(",")):
+        ap.error(f"--clients: stream_bench or evenflow_bench (with an optional #N), not {a.clients!r}")
     extra_env = dict(kv.split("=", 1) for kv in a.env)
     out = json.loads(a.out.read_text()) if a.out.exists() else {"rows": []}
     out["cpu"] = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()

@@ -58,12 +58,13 @@ def stall_table(rows: list[dict]) -> list[str]:
            "|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in rows if r["scenario"] == "stall"), key=lambda r: (r["L"], r.get("finished", ""))):
         server = label(r)
-        if "stream_bench" in r:
-            out.append("| " + " | ".join([str(r["L"]), server, "stream_bench", *sb_cells(r["stream_bench"]),
-                                          load_cell(r)]) + " |")
-        if "evenflow_bench" in r:
-            out.append("| " + " | ".join([str(r["L"]), server, "evenflow bench", *eb_cells(r["evenflow_bench"]),
-                                          load_cell(r)]) + " |")
+        for key in r:  # the clients in the order they ran ("stream_bench#2": the same client again)
+            kind, _, again = key.partition("#")
+            name = {"stream_bench": "stream_bench", "evenflow_bench": "evenflow bench"}.get(kind)
+            if name:
+                cells = sb_cells(r[key]) if kind == "stream_bench" else eb_cells(r[key])
+                out.append("| " + " | ".join([str(r["L"]), server, name + (f" (again, #{again})" if again else ""),
+                                              *cells, load_cell(r)]) + " |")
     return out
 
 

@@ -181,10 +181,7 @@ def _flash_attention(text: str) -> str:
 
 def _kv_cache_type(text: str) -> str:
     """Ollama's OLLAMA_KV_CACHE_TYPE words; empty means f16."""
-    t = text.strip().lower() or "f16"
-    if t not in ("f16", "q8_0", "q4_0"):
-        raise ValueError("must be one of f16, q8_0, q4_0")
-    return t
+    return _choice("f16", "q8_0", "q4_0")(text.strip() or "f16")
 
 
 def _origins(text: str) -> list[str]:

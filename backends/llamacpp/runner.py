@@ -35,10 +35,10 @@ log = logging.getLogger(__name__)
 
 # settings.dtype picks the KV-cache element type here (weights keep the GGUF's own types)
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
-_KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30}  # GGML_TYPE_F16 / F32 / BF16
-_KV_QUANT = {"f16": None, "q8_0": 8, "q4_0": 2}  # settings.kv_cache_type (OLLAMA_KV_CACHE_TYPE) -> GGML_TYPE_*
-_TYPE_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 8: "q8_0", 30: "bf16"}
-_TYPE_BYTES = {0: 4, 1: 2, 2: 18 / 32, 8: 34 / 32, 30: 2}  # per value; q4_0 and q8_0 blocks hold 32
+# KV element types: name -> (GGML_TYPE_*, bytes per value; q8_0 and q4_0 blocks hold 32 values)
+_GGML_TYPES = {"f32": (0, 4), "f16": (1, 2), "bf16": (30, 2), "q8_0": (8, 34 / 32), "q4_0": (2, 18 / 32)}
+_KV_TYPES = {"auto": "f16", "float16": "f16", "float32": "f32", "bfloat16": "bf16"}  # settings.dtype -> KV type
+_KV_QUANT = ("f16", "q8_0", "q4_0")  # settings.kv_cache_type (OLLAMA_KV_CACHE_TYPE); f16 leaves it to dtype
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
 PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
 KV_ENV = "EVENFLOW_LLAMACPP_KV"
@@ -155,9 +155,8 @@ class LlamaCppRunner:
         self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
         # per-sequence window: num_ctx when given (even above the trained one, as Ollama allows), else trained
         self.context_length = settings.context_length or self.info.context_length
-        self._kv_ggml_types = self._kv_types(settings)
-        self.kv_types = tuple(_TYPE_NAMES[t] for t in self._kv_ggml_types)  # for the log, events and tests
-        elem = sum(_TYPE_BYTES[t] for t in self._kv_ggml_types) / 2  # a quantized K (and V) leaves room for more
+        self.kv_types = self._kv_types(settings)  # (K, V) type names
+        elem = sum(_GGML_TYPES[t][1] for t in self.kv_types) / 2  # a quantized K (and V) leaves room for more
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
                                                   kv_bytes_per_token(self.info, header, elem))
         self.kv_layout = self._choose_layout(n_ctx, settings.kv_layout)
@@ -210,11 +209,11 @@ class LlamaCppRunner:
                          self.max_num_seqs, self.context_length)
         return mode
 
-    def _kv_types(self, settings: RunnerSettings) -> tuple[int, int]:
-        """(K, V) ggml types: `dtype`'s, or kv_cache_type's for K always and for V with flash attention on
+    def _kv_types(self, settings: RunnerSettings) -> tuple[str, str]:
+        """(K, V) types: `dtype`'s, or kv_cache_type's for K always and for V with flash attention on
         (llama.cpp refuses a quantized V without it)."""
-        base, quant = _KV_TYPES[settings.dtype], _KV_QUANT[settings.kv_cache_type]
-        if quant is None:
+        base, quant = _KV_TYPES[settings.dtype], settings.kv_cache_type
+        if quant == "f16":
             return base, base
         return quant, quant if self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"] else base
 
@@ -239,7 +238,7 @@ class LlamaCppRunner:
         cp.kv_unified = self.shared_kv  # streams: n_ctx is split evenly, one window per sequence
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.no_perf = True
-        cp.type_k, cp.type_v = self._kv_ggml_types
+        cp.type_k, cp.type_v = (_GGML_TYPES[t][0] for t in self.kv_types)
         cp.flash_attn_type = self._flash_attn_type(settings.flash_attention)
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:

@@ -180,8 +180,8 @@ def _flash_attention(text: str) -> str:
 
 
 def _kv_cache_type(text: str) -> str:
-    """Ollama's OLLAMA_KV_CACHE_TYPE words; empty means f16."""
-    return _choice("f16", "q8_0", "q4_0")(text.strip() or "f16")
+    """Ollama's OLLAMA_KV_CACHE_TYPE words, plus auto (the default; empty means auto)."""
+    return _choice("auto", "f16", "q8_0", "q4_0")(text.strip() or "auto")
 
 
 def _origins(text: str) -> list[str]:
@@ -264,9 +264,10 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("flash_attention", _twin("OLLAMA_FLASH_ATTENTION"), _flash_attention, "auto, on/1 or off/0",
                 "llama.cpp flash attention: auto = llama.cpp's choice on a GPU, off on a CPU (its CPU kernel is "
                 "slow for the small prompt chunks of chunked prefill; faster for one long prompt alone)"),
-    SettingSpec("kv_cache_type", _twin("OLLAMA_KV_CACHE_TYPE"), _kv_cache_type, "f16, q8_0 or q4_0",
+    SettingSpec("kv_cache_type", _twin("OLLAMA_KV_CACHE_TYPE"), _kv_cache_type, "auto, f16, q8_0 or q4_0",
                 "llama.cpp KV cache type: a quantized type applies to K always and to V only with flash attention "
-                "on (llama.cpp's rule); the torch and MLX backends keep their own"),
+                "on (llama.cpp's rule); auto = a q8_0 K on a CPU (attention deep into a long prompt reads half "
+                "the bytes), f16 on a GPU; the torch and MLX backends keep their own"),
     SettingSpec("log_content", ("EVENFLOW_LOG_CONTENT",), _parse_bool, "1/0 or true/false",
                 "include prompts and outputs in /api/events", is_flag=True),
     SettingSpec("ollama_store", ("EVENFLOW_OLLAMA_STORE",), _path, "a directory path",
@@ -326,7 +327,7 @@ class Settings:
     num_threads: int = 0
     llamacpp_kv: str = "auto"
     flash_attention: str = "auto"
-    kv_cache_type: str = "f16"
+    kv_cache_type: str = "auto"
     log_content: bool = False
     ollama_store: Path | None = field(default_factory=_default_ollama_store)
     no_demo: bool = False

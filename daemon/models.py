@@ -240,7 +240,7 @@ class ModelManager:
                             device=s.device, num_threads=s.num_threads or None,
                             kv_memory_fraction=s.gpu_kv_fraction, kv_layout=s.llamacpp_kv,
                             flash_attention=s.flash_attention, kv_cache_type=s.kv_cache_type)
-        if s.kv_cache_type != "f16" and backend != "llamacpp":
+        if s.kv_cache_type not in ("auto", "f16") and backend != "llamacpp":
             log.warning("OLLAMA_KV_CACHE_TYPE=%s applies to the llama.cpp backend only; %s keeps its own KV type",
                         s.kv_cache_type, backend)
         t0 = time.perf_counter_ns()

@@ -133,9 +133,10 @@ def test_flash_attention_takes_ollamas_variable_and_words() -> None:
 
 
 def test_kv_cache_type_takes_ollamas_variable() -> None:
-    assert load_settings({}).kv_cache_type == "f16"
+    assert load_settings({}).kv_cache_type == "auto"
     assert load_settings({"OLLAMA_KV_CACHE_TYPE": "Q8_0"}).kv_cache_type == "q8_0"
     assert load_settings({"EVENFLOW_KV_CACHE_TYPE": "q4_0"}).kv_cache_type == "q4_0"
-    assert load_settings({"OLLAMA_KV_CACHE_TYPE": ""}).kv_cache_type == "f16"
+    assert load_settings({"OLLAMA_KV_CACHE_TYPE": "f16"}).kv_cache_type == "f16"
+    assert load_settings({"OLLAMA_KV_CACHE_TYPE": ""}).kv_cache_type == "auto"
     with pytest.raises(ConfigError, match="KV_CACHE_TYPE"):
         load_settings({"OLLAMA_KV_CACHE_TYPE": "q2_k"})

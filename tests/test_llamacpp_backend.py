@@ -386,13 +386,24 @@ def test_quantized_kv_cache_follows_ollamas_rule_and_stays_close_to_f16(tiny_ggu
     types_f16, f16 = last_logits("f16", "off")
     types_k, q8k = last_logits("q8_0", "off")
     types_kv, q8kv = last_logits("q8_0", "on")
+    types_auto, auto = last_logits("auto", "off")
     assert (types_f16, types_k, types_kv) == (("f16", "f16"), ("q8_0", "f16"), ("q8_0", "q8_0"))
+    import llama_cpp.llama_cpp as L
+
+    if not L.llama_supports_gpu_offload():  # the default on a CPU-only build: a q8_0 K (a GPU build keeps f16)
+        assert types_auto == ("q8_0", "f16")
+        np.testing.assert_array_equal(auto, q8k)
     spread = float(f16.max() - f16.min())
     for got in (q8k, q8kv):
         diff = float(np.max(np.abs(got - f16)))
         assert 0 < diff < 0.05 * spread  # quantized for real, and still the same model
     with pytest.raises(ModelLoadError, match="multiple of 32"):  # 16-value heads: refused, never mangled
         load(str(tiny_gguf), RunnerSettings(max_num_seqs=2, block_size=BS, num_kv_blocks=32, kv_cache_type="q4_0"))
+    # ... while auto keeps the unquantized type there, and where a dtype was asked for
+    for model, dtype, want in ((tiny_gguf, "auto", ("f16", "f16")), (path, "float32", ("f32", "f32"))):
+        r = load(str(model), RunnerSettings(max_num_seqs=2, block_size=BS, num_kv_blocks=32, dtype=dtype))
+        r.close()
+        assert r.kv_types == want
 
     # RAM holds 2048 f16 tokens of this model (512 bytes each): a q8_0 K (34 bytes per 32 values) fits ~30% more
     from evenflow.backends.llamacpp import runner as runner_mod

@@ -38,7 +38,7 @@ _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 # KV element types: name -> (GGML_TYPE_*, bytes per value; q8_0 and q4_0 blocks hold 32 values)
 _GGML_TYPES = {"f32": (0, 4), "f16": (1, 2), "bf16": (30, 2), "q8_0": (8, 34 / 32), "q4_0": (2, 18 / 32)}
 _KV_TYPES = {"auto": "f16", "float16": "f16", "float32": "f32", "bfloat16": "bf16"}  # settings.dtype -> KV type
-_KV_QUANT = ("f16", "q8_0", "q4_0")  # settings.kv_cache_type (OLLAMA_KV_CACHE_TYPE); f16 leaves it to dtype
+_KV_QUANT = ("auto", "f16", "q8_0", "q4_0")  # settings.kv_cache_type (OLLAMA_KV_CACHE_TYPE); f16 leaves it to dtype
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
 PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
 KV_ENV = "EVENFLOW_LLAMACPP_KV"
@@ -148,14 +148,14 @@ class LlamaCppRunner:
         self.vocab_size = self.tokenizer.vocab_size
         self.info: ModelInfo = model_info(header, self.vocab_size, int(L.llama_model_n_params(self._model)))
         head_dim = key_head_dim(self.info, header)
-        if settings.kv_cache_type != "f16" and head_dim % 32:  # q8_0 and q4_0 pack 32 values a block
+        if settings.kv_cache_type in ("q8_0", "q4_0") and head_dim % 32:  # they pack 32 values a block
             raise ModelLoadError(f"{self.path}: a {settings.kv_cache_type} KV cache needs attention heads of a "
                                  f"multiple of 32 values; this model's have {head_dim} (use f16)")
         tmpl = header.metadata.get("tokenizer.chat_template")
         self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
         # per-sequence window: num_ctx when given (even above the trained one, as Ollama allows), else trained
         self.context_length = settings.context_length or self.info.context_length
-        self.kv_types = self._kv_types(settings)  # (K, V) type names
+        self.kv_types = self._kv_types(settings, head_dim)  # (K, V) type names
         elem = sum(_GGML_TYPES[t][1] for t in self.kv_types) / 2  # a quantized K (and V) leaves room for more
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
                                                   kv_bytes_per_token(self.info, header, elem))
@@ -209,10 +209,20 @@ class LlamaCppRunner:
                          self.max_num_seqs, self.context_length)
         return mode
 
-    def _kv_types(self, settings: RunnerSettings) -> tuple[str, str]:
+    def _kv_types(self, settings: RunnerSettings, head_dim: int) -> tuple[str, str]:
         """(K, V) types: `dtype`'s, or kv_cache_type's for K always and for V with flash attention on
-        (llama.cpp refuses a quantized V without it)."""
+        (llama.cpp refuses a quantized V without it).
+
+        auto = a q8_0 K on a CPU-only build (dtype auto, heads of a multiple of 32 values), else f16. On a CPU,
+        attention deep into a long prompt is bound by reading K and V from RAM, and llama.cpp's kernel for a
+        chunk of 2+ queries reads each K row about once per query pair and per query head sharing it: a q8_0 K
+        (about half the bytes) made a 4-token chunk at 8k context 15-32% cheaper and at 16k 40% cheaper
+        (docs/bench/attn_depth.md), which is what lets a chunk ride with the decodes under the latency target.
+        Its logits stay within ~1% of f16's spread (tests). A GPU build keeps f16, as Ollama does everywhere."""
         base, quant = _KV_TYPES[settings.dtype], settings.kv_cache_type
+        if quant == "auto":
+            cpu = not L.llama_supports_gpu_offload()
+            quant = "q8_0" if cpu and settings.dtype == "auto" and head_dim % 32 == 0 else "f16"
         if quant == "f16":
             return base, base
         return quant, quant if self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"] else base

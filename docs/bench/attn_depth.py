@@ -29,8 +29,8 @@ import llama_cpp.llama_cpp as L
 from evenflow.backends.llamacpp.native import ensure_backend
 
 HERE = Path(__file__).resolve().parent
-F16, Q8_0 = 1, 8  # ggml_type
-CONFIGS = {"f16": (F16, F16, 0), "f16-fa": (F16, F16, 1), "q8k": (Q8_0, F16, 0)}  # type_k, type_v, flash_attn_type
+F32, F16, Q8_0, BF16 = 0, 1, 8, 30  # ggml_type
+CONFIGS = {"f16": (F16, F16, 0), "f32": (F32, F32, 0), "bf16": (BF16, BF16, 0), "f16-fa": (F16, F16, 1), "q8k": (Q8_0, F16, 0)}  # type_k, type_v, flash_attn_type
 
 
 def cpu_model() -> str:

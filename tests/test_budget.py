@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from evenflow.daemon.engine.budget import AdaptiveBudget, FixedBudget, StepCost
+from evenflow.daemon.engine.engine import EngineConfig, make_budget_policy
 
 
 def cost(coef, decodes, prefill, context):
@@ -61,6 +62,18 @@ def test_floor_keeps_ingestion_moving_when_the_target_is_unreachable():
     trace = simulate(pol, lambda i: CPU, steps=100)
     assert all(chunk >= 16 for chunk, _ in trace)
     assert all(chunk == 16 for chunk, _ in trace[30:])
+
+
+def test_cpu_default_takes_two_token_chunks_where_four_would_miss_the_target():
+    # deep in a long prompt on a CPU: 4 decodes cost 60 ms and each prompt token 35 ms (attention over the
+    # prefix), so 2 tokens fit 150 ms (130 ms) and 4 do not (200 ms): the CPU floor must let the chunk shrink
+    class CpuRunner:
+        device = "cpu"
+
+    pol = make_budget_policy(EngineConfig(target_itl_ms=None), CpuRunner())
+    assert isinstance(pol, AdaptiveBudget) and pol.tile == 1
+    trace = simulate(pol, lambda i: (0.060, 0.0, 0.035, 0.0), steps=80)
+    assert all(chunk == 2 and t <= 0.150 for chunk, t in trace[20:])
 
 
 def test_adapts_when_the_cost_changes():

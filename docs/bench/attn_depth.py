@@ -6,12 +6,17 @@ removed again, so every measurement sits at the same depth. Median wall time of 
 over the D cells it holds. Each KV configuration is its own context on the same model, measured in turn, quantity
 by quantity, so they compare within one run:
 
-    f16     the default: f16 K and V, flash attention off (what evenflow runs on a CPU)
+    f16     f16 K and V, flash attention off (Ollama's default; evenflow's on a CPU until stop 24)
     f16-fa  f16 K and V, flash attention on
-    q8k     K as q8_0, V f16, flash attention off (llama.cpp needs flash attention for a quantized V)
+    q8k     K as q8_0, V f16, flash attention off (llama.cpp needs flash attention for a quantized V); the
+            default on a CPU since stop 24 (OLLAMA_KV_CACHE_TYPE=auto)
+    f32     f32 K and V (twice the bytes: slower here)
+    bf16    bf16 K and V (as dear as f16 on an AVX2 CPU)
 
     python docs/bench/attn_depth.py --model bench-q8.gguf [--depths 0,4096,8192] [--chunks 1,4,16]
         # ~6 min on 2 cores; writes attn_depth.json/.md
+    python docs/bench/attn_depth.py --model bench-q8.gguf --depths 0,8192,16384 --chunks 1,2,4 --configs f16,q8k \
+        --reps 7 --out docs/bench/attn_depth_kv    # the q8_0-K table of docs/performance.md
 
 For where the time goes, profile a running measurement: `perf record -g -p PID -- sleep 8; perf report`.
 """

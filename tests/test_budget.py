@@ -64,16 +64,18 @@ def test_floor_keeps_ingestion_moving_when_the_target_is_unreachable():
     assert all(chunk == 16 for chunk, _ in trace[30:])
 
 
-def test_cpu_default_takes_two_token_chunks_where_four_would_miss_the_target():
-    # deep in a long prompt on a CPU: 4 decodes cost 60 ms and each prompt token 35 ms (attention over the
-    # prefix), so 2 tokens fit 150 ms (130 ms) and 4 do not (200 ms): the CPU floor must let the chunk shrink
+def test_cpu_default_never_takes_a_chunk_below_four_tokens():
+    # on a CPU: 4 decodes cost 60 ms and each prompt token 10 ms, then (deep in the prompt) 35 ms: chunks of 4-8
+    # tokens within the target, then the 4-token floor, which misses it (200 ms; 2 tokens would fit) but keeps
+    # the prompt going at the pace its TTFT needs
     class CpuRunner:
         device = "cpu"
 
     pol = make_budget_policy(EngineConfig(target_itl_ms=None), CpuRunner())
     assert isinstance(pol, AdaptiveBudget) and pol.tile == 1
-    trace = simulate(pol, lambda i: (0.060, 0.0, 0.035, 0.0), steps=80)
-    assert all(chunk == 2 and t <= 0.150 for chunk, t in trace[20:])
+    trace = simulate(pol, lambda i: (0.060, 0.0, 0.010 if i < 60 else 0.035, 0.0), steps=140)
+    assert all(chunk >= 4 and t <= 0.150 for chunk, t in trace[30:60])
+    assert all(chunk == 4 for chunk, _ in trace[100:])
 
 
 def test_adapts_when_the_cost_changes():

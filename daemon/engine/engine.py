@@ -111,12 +111,12 @@ def make_budget_policy(config: EngineConfig, runner: Runner) -> BudgetPolicy:
     target = default_target_itl_ms(runner) if config.target_itl_ms is None else config.target_itl_ms
     if target > 0:
         # On a CPU a chunk deep into a long prompt can cost more than the target even at a few tokens (attention
-        # over the prefix dominates: 4 tokens at 16k held ~117 ms on a 2-core EPYC, beside ~50-60 ms of decodes),
-        # so the floor there is 2 (a single token would pay a whole weight pass for it); on a GPU 16 rows cost
-        # what 1 does.
+        # over the prefix dominates), so the floor there is small; on a GPU 16 rows cost what 1 does. Not below 4:
+        # a 2-token floor made a 16k prompt's TTFT 728 s instead of 443 s on a 2-core EPYC, and the P99 no better
+        # (217 vs 226 ms), since the streams decoding meanwhile grow and their own steps get dearer.
         cpu = runs_on_cpu(runner)
         return AdaptiveBudget(target, max_tokens=config.max_num_batched_tokens, tile=1 if cpu else 16,
-                              floor=2 if cpu else 16)
+                              floor=4 if cpu else 16)
     return FixedBudget(config.max_num_batched_tokens)
 
 

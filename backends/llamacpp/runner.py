@@ -216,9 +216,10 @@ class LlamaCppRunner:
         auto = a q8_0 K on a CPU-only build (dtype auto, heads of a multiple of 32 values), else f16. On a CPU,
         attention deep into a long prompt is bound by reading K and V from RAM, and llama.cpp's kernel for a
         chunk of 2+ queries reads each K row about once per query pair and per query head sharing it: a q8_0 K
-        (about half the bytes) made a 4-token chunk at 8k context 15-32% cheaper and at 16k 40% cheaper
-        (docs/bench/attn_depth.md), which is what lets a chunk ride with the decodes under the latency target.
-        Its logits stay within ~1% of f16's spread (tests). A GPU build keeps f16, as Ollama does everywhere."""
+        (about half the bytes) made a 4-token chunk at 8k context 15-31% cheaper and at 16k 39% cheaper
+        (docs/bench/attn_depth_kv.md), which is what lets a chunk ride with the decodes under the latency target.
+        The logits move a little (the test bounds it at 5% of their spread). A GPU build keeps f16, as Ollama
+        does everywhere."""
         base, quant = _KV_TYPES[settings.dtype], settings.kv_cache_type
         if quant == "auto":
             cpu = not L.llama_supports_gpu_offload()

@@ -180,7 +180,8 @@ def _flash_attention(text: str) -> str:
 
 
 def _kv_cache_type(text: str) -> str:
-    """Ollama's OLLAMA_KV_CACHE_TYPE words, plus auto (the default; empty means auto)."""
+    """Ollama's OLLAMA_KV_CACHE_TYPE words, plus auto (the default; empty means auto). The same words as
+    backends.base.KV_CACHE_TYPES (a test holds them equal; importing it here would load numpy for every CLI call)."""
     return _choice("auto", "f16", "q8_0", "q4_0")(text.strip() or "auto")
 
 

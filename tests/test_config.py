@@ -140,3 +140,6 @@ def test_kv_cache_type_takes_ollamas_variable() -> None:
     assert load_settings({"OLLAMA_KV_CACHE_TYPE": ""}).kv_cache_type == "auto"
     with pytest.raises(ConfigError, match="KV_CACHE_TYPE"):
         load_settings({"OLLAMA_KV_CACHE_TYPE": "q2_k"})
+    from evenflow.backends.base import KV_CACHE_TYPES
+
+    assert [load_settings({"OLLAMA_KV_CACHE_TYPE": t}).kv_cache_type for t in KV_CACHE_TYPES] == list(KV_CACHE_TYPES)

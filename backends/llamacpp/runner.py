@@ -21,7 +21,7 @@ import time
 import numpy as np
 import llama_cpp.llama_cpp as L
 
-from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
+from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, RunnerSettings
 from ..common.memory import host_kv_budget, plan_kv
 from . import amx
 from .embedder import Embedder
@@ -38,7 +38,6 @@ _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 # KV element types: name -> (GGML_TYPE_*, bytes per value; q8_0 and q4_0 blocks hold 32 values)
 _GGML_TYPES = {"f32": (0, 4), "f16": (1, 2), "bf16": (30, 2), "q8_0": (8, 34 / 32), "q4_0": (2, 18 / 32)}
 _KV_TYPES = {"auto": "f16", "float16": "f16", "float32": "f32", "bfloat16": "bf16"}  # settings.dtype -> KV type
-_KV_QUANT = ("auto", "f16", "q8_0", "q4_0")  # settings.kv_cache_type (OLLAMA_KV_CACHE_TYPE); f16 leaves it to dtype
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
 PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
 KV_ENV = "EVENFLOW_LLAMACPP_KV"
@@ -110,8 +109,8 @@ class LlamaCppRunner:
             raise ValueError(f"dtype={settings.dtype!r} not supported by llama.cpp; allowed: {', '.join(_KV_TYPES)}")
         if settings.flash_attention not in _FLASH_ATTN:
             raise ValueError(f"flash_attention={settings.flash_attention!r}; allowed: {', '.join(_FLASH_ATTN)}")
-        if settings.kv_cache_type not in _KV_QUANT:
-            raise ValueError(f"kv_cache_type={settings.kv_cache_type!r}; allowed: {', '.join(_KV_QUANT)}")
+        if settings.kv_cache_type not in KV_CACHE_TYPES:
+            raise ValueError(f"kv_cache_type={settings.kv_cache_type!r}; allowed: {', '.join(KV_CACHE_TYPES)}")
         self.path = model_path
         self.block_size = settings.block_size
         self.max_num_seqs = settings.max_num_seqs or 0  # resolved with the KV plan in _setup
@@ -148,7 +147,7 @@ class LlamaCppRunner:
         self.vocab_size = self.tokenizer.vocab_size
         self.info: ModelInfo = model_info(header, self.vocab_size, int(L.llama_model_n_params(self._model)))
         head_dim = key_head_dim(self.info, header)
-        if settings.kv_cache_type in ("q8_0", "q4_0") and head_dim % 32:  # they pack 32 values a block
+        if settings.kv_cache_type not in ("auto", "f16") and head_dim % 32:  # q8_0/q4_0 pack 32 values a block
             raise ModelLoadError(f"{self.path}: a {settings.kv_cache_type} KV cache needs attention heads of a "
                                  f"multiple of 32 values; this model's have {head_dim} (use f16)")
         tmpl = header.metadata.get("tokenizer.chat_template")

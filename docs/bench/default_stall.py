@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -124,8 +125,7 @@ def main() -> None:
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="a non-default daemon setting for an A/B row (the row is labelled with it)")
     a = ap.parse_args()
-    if any(c.partition("#")[0] not in ("stream_bench", "evenflow_bench") or not c.partition("#")[2].isdigit()
-           and "#" in c for c in a.clients.split(",")):
+    if not all(re.fullmatch(r"(stream_bench|evenflow_bench)(#\d+)?", c) for c in a.clients.split(",")):
         ap.error(f"--clients: stream_bench or evenflow_bench (with an optional #N), not {a.clients!r}")
     extra_env = dict(kv.split("=", 1) for kv in a.env)
     out = json.loads(a.out.read_text()) if a.out.exists() else {"rows": []}

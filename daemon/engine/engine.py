@@ -75,6 +75,7 @@ class EngineStats:
     kv_blocks_cached: int = 0  # blocks holding a reusable prefix (in use or free)
     cache_hit_tokens: int = 0  # tokens served from the prefix cache at admission, since load
     cache_query_tokens: int = 0  # tokens looked up at admission, since load
+    prefix_fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve (recomputed), since load
 
     @property
     def cache_hit_rate(self) -> float:
@@ -130,7 +131,8 @@ class Engine:
         # A runner declares it reads shared blocks correctly (`prefix_caching = True`); one that keeps KV outside
         # the block pool also implements drop_blocks (and take_uncached) to mirror the cache (see docs/engine-api.md).
         caching = self.config.prefix_caching and bool(getattr(runner, "prefix_caching", False))
-        self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching)
+        self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching,
+                                   servable=getattr(runner, "servable_prefix", None))
         if hasattr(runner, "reset_prefix_cache"):  # a new engine knows nothing the runner may still hold
             runner.reset_prefix_cache()
         self._drop_blocks = getattr(runner, "drop_blocks", None)
@@ -240,7 +242,7 @@ class Engine:
     def _snapshot(self) -> EngineStats:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_used,
                            self.blocks.num_blocks, self.steps, self.block_size, self.blocks.num_cached,
-                           self.cache_hit_tokens, self.cache_query_tokens)
+                           self.cache_hit_tokens, self.cache_query_tokens, self.blocks.fallback_tokens)
 
     def run_once(self) -> bool:
         """Handle queued calls and run one step in the caller's thread (tests, benchmarks; no loop thread).
@@ -356,6 +358,8 @@ class Engine:
             return
         dt = time.perf_counter() - t0
         self.steps += 1
+        if self._take_uncached is not None:  # cells the runner reused during the step (a parked stream taken over)
+            self.blocks.uncache(self._take_uncached())
         for span in plan.spans:
             span.seq.num_computed += span.num_tokens
             self.blocks.commit(span.seq)
@@ -454,6 +458,9 @@ class Engine:
         if seq.t_first_token is not None and seq.t_last_token is not None:
             m.eval_duration = max(seq.t_last_token - seq.t_first_token, 0) or 1
         seq.finish_reason = reason
+        if reason == "error":
+            log.warning("request %d (%s %s) failed: %s", seq.seq_id, seq.user.get("endpoint", ""),
+                        seq.user.get("model", self.name), error)
         self._send(seq, Delta(tail, [], done=True, done_reason=reason, error=error, metrics=m))
         self._publish_request(seq, "finished", done_reason=reason, text=tail)
 
@@ -482,6 +489,7 @@ class Engine:
             "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),
             "cached_tokens": plan.cache_hit_tokens, "admitted_tokens": plan.cache_query_tokens,
             "kv_cached": self.blocks.num_cached,
+            "prefix_fallback_tokens": plan.fallback_tokens,
             # [seq_id, tokens computed] per prompt chunk: lets a monitor draw each ingestion's progress
             "prefilled": [[s.seq.seq_id, s.seq.num_computed] for s in plan.spans[plan.num_decodes:]],
             "target_ms": self.policy.target * 1e3 if isinstance(self.policy, AdaptiveBudget) else None,

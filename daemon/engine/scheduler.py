@@ -51,6 +51,7 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)
     cache_hit_tokens: int = 0  # tokens of this step's admissions served from the prefix cache
     cache_query_tokens: int = 0  # tokens of this step's admissions
+    fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve: recomputed
     held: int | None = None  # tokens cached by all sequences before the step, when the KV cache is shared
     evicted_cached: int = 0  # cached free blocks evicted so that a shared cache's steps stay cheap
 
@@ -110,6 +111,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        fallback_before = self.blocks.fallback_tokens
         if self.config.shared_kv:
             if self.running:
                 running = sum(s.num_computed for s in self.running)
@@ -167,6 +169,7 @@ class Scheduler:
             self.running.append(seq)
             self._add_prefill(plan, seq, n, scheduled)
             allowance -= n
+        plan.fallback_tokens = self.blocks.fallback_tokens - fallback_before
         return plan
 
     def _chunk(self, seq: Sequence, allowance: int, monolithic: bool, first: bool) -> int:

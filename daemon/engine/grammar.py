@@ -16,6 +16,8 @@ import llguidance as llg
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
+from .json_schema import SchemaError, check_finite, ollama_semantics
+
 log = logging.getLogger(__name__)
 
 # Ollama's JSON grammar (llama.cpp's json.gbnf) has an object at its root; so does OpenAI's json_object mode.
@@ -34,13 +36,18 @@ class GrammarError(ValueError):
 
 
 def grammar_for_format(fmt: Any) -> str | None:
-    """Ollama's `format` ("json", a JSON-schema object, ""/None for none) as an llguidance grammar."""
+    """Ollama's `format` ("json", a JSON-schema object, ""/None for none) as an llguidance grammar; a schema
+    is read as Ollama reads it (json_schema.ollama_semantics)."""
     if fmt is None or fmt == "":
         return None
     if fmt == "json":
         schema: Any = JSON_OBJECT_SCHEMA
     elif isinstance(fmt, dict):
-        schema = fmt
+        schema = ollama_semantics(fmt)
+        try:
+            check_finite(schema)
+        except SchemaError as e:
+            raise GrammarError(f"invalid JSON schema in format: {e}") from None
     else:
         raise GrammarError(f"invalid format: {json.dumps(fmt)}; expected \"json\" or a valid JSON Schema object")
     try:

@@ -132,7 +132,7 @@ class HFTokenizer:
         for i in special:
             text = added[i].content if i in added else (self._tok.id_to_token(i) or f"<control_{i}>")
             tokens[i] = special_piece(text.encode("utf-8"))
-        exact = _spelling_twin(self._tok)
+        exact = _spelling_twin(self._tok, set(special))
         return GrammarVocab(tokens, special, sorted(self.eos_ids), self.bos_id,
                             lambda text: exact.encode(text, add_special_tokens=False).ids)
 
@@ -145,10 +145,14 @@ class HFTokenizer:
         return self._tok
 
 
-def _spelling_twin(tok: HFTok) -> HFTok:
-    """A copy that spells text exactly, as a grammar needs: special-token text stays text, and a SentencePiece
+def _spelling_twin(tok: HFTok, special: set[int]) -> HFTok:
+    """A copy that spells text exactly, as a grammar needs: the text of a token the grammar holds special stays
+    text (an added token, such as phi-3's user-defined "</s>", would otherwise match), and a SentencePiece
     tokenizer does not prepend `▁` to the first word (a `Prepend` normalizer, Metaspace's prepend_scheme)."""
     data = json.loads(tok.to_str())
+    for added in data.get("added_tokens") or []:
+        if added.get("id") in special:
+            added["special"] = True  # with encode_special_tokens, left as text
     data["normalizer"] = _without_prepend(data.get("normalizer"))
     data["pre_tokenizer"] = _metaspace_never_prepends(data.get("pre_tokenizer"))
     twin = HFTok.from_str(json.dumps(data))

@@ -13,8 +13,9 @@ import copy
 from typing import Any
 from urllib.parse import unquote
 
-# llama.cpp's integral-part: "0" or up to 16 digits without a leading zero.
-MAX_INTEGER = 10**16 - 1
+# llama.cpp's integral-part is "0" or up to 16 digits, so |n| <= 10**16 - 1. llguidance reads bounds through a
+# float, where 10**16 - 1 rounds up to 10**16 (17 digits); 10**16 - 2 is exact, so that is the bound used.
+MAX_INTEGER = 10**16 - 2
 # A number's fraction, as a multipleOf: llama.cpp allows 16 digits, but llguidance reads multipleOf through a
 # float and refuses 1e-11 and finer; 10 digits still keeps a weak model from writing digits forever.
 FRACTION_STEP = 1e-10
@@ -88,11 +89,11 @@ def _bound_numbers(node: dict[str, Any]) -> None:
             node["minimum"] = -MAX_INTEGER
         if not has_max and _number(node.get("minimum"), -MAX_INTEGER) <= MAX_INTEGER:
             node["maximum"] = MAX_INTEGER
-    elif "number" in types:
-        if not has_min and _number(node.get("maximum"), 0) > -(MAX_INTEGER + 1):
-            node["exclusiveMinimum"] = -(MAX_INTEGER + 1)
-        if not has_max and _number(node.get("minimum"), 0) < MAX_INTEGER + 1:
-            node["exclusiveMaximum"] = MAX_INTEGER + 1
+    elif "number" in types:  # an integral part of at most 16 digits: |x| < 10**16
+        if not has_min and _number(node.get("maximum"), 0) > -10**16:
+            node["exclusiveMinimum"] = -10**16
+        if not has_max and _number(node.get("minimum"), 0) < 10**16:
+            node["exclusiveMaximum"] = 10**16
         node.setdefault("multipleOf", FRACTION_STEP)
 
 

@@ -148,6 +148,16 @@ class BlockManager:
         seq.num_registered = len(seq.block_table)
         return n
 
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """Tokens a hit would serve `seq` now, taking no references (to order a queue by work left)."""
+        if not self.prefix_caching:
+            return 0
+        n = 0
+        while n < min((seq.num_tokens - 1) // self.block_size, len(self._cached)) and \
+                self._seq_key(seq, n) in self._cached:
+            n += 1
+        return n * self.block_size
+
     def release_prefix(self, seq: Sequence) -> None:
         """Undo `acquire_prefix` for a sequence that could not be admitted after all."""
         self.free(seq)

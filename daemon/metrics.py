@@ -24,6 +24,9 @@ class Metrics:
                                 ["model", "reason"], registry=r)
         self.ttft = Histogram("evenflow_time_to_first_token_seconds", "Engine arrival to first token", ["model"],
                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("evenflow_queue_wait_seconds", "Engine arrival to a request's first scheduled step "
+                                    "(waiting for a slot, KV or the prompt budget)", ["model"],
+                                    buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("evenflow_inter_token_latency_seconds", "Gap between consecutive generated tokens",
                              ["model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.step_time = Histogram("evenflow_engine_step_seconds", "Engine step (forward pass + sampling) time",
@@ -98,6 +101,8 @@ class Metrics:
             elif kind == "finished":
                 self._arrival.pop(key, None)
                 self._last_token.pop(key, None)
+        if kind == "scheduled" and ev.get("queue_ms") is not None:
+            self.queue_wait.labels(model).observe(max(float(ev["queue_ms"]) / 1e3, 0.0))
         if kind == "finished":
             self.prompt_tokens.labels(model).inc(int(ev.get("prompt_tokens", 0)))
             self.generated_tokens.labels(model).inc(int(ev.get("output_tokens", 0)))

@@ -158,3 +158,17 @@ def test_concurrent_cached_chunked_and_preempted_runs_equal_solo_greedy(runners)
     run_state_machine_as_test(CacheMachine, settings=settings(
         max_examples=12, stateful_step_count=30, deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]))
+
+
+def test_twins_extended_leave_one_chain(runners):
+    """Requests that compute the same blocks side by side, one going further: a later hit is one run of blocks
+    (found by the state machine: llama.cpp's streams served only part of it)."""
+    CacheMachine.warm, CacheMachine.solo = runners
+    machine = CacheMachine()
+    machine.start(docs=[[3] * DOC_LEN] * 3)
+    for blocks in (2, 4, 4):
+        machine.submit(doc=0, blocks=blocks, off=0, tail=[3], n=1)
+        machine.nothing_lost()
+    machine.step(steps=2)
+    machine.nothing_lost()
+    machine.teardown()

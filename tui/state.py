@@ -14,6 +14,10 @@ MAX_STEPS = 1000
 _MARKUP = re.compile(r"<\|[^|<>]{1,40}\|>|</?s>|\[/?INST\]")
 
 
+# the scheduler's reasons for a prompt to wait (daemon/engine/scheduler.py WAIT_*)
+WAIT_REASONS = {"slot": "no slot", "kv": "no KV", "prefill": "behind a prefill"}
+
+
 @dataclass
 class Stream:
     model: str
@@ -30,6 +34,7 @@ class Stream:
     t_done: float | None = None
     text: str = ""
     prompt: str = ""  # the rendered prompt's tail, sent once on `queued` under --log-content
+    wait: str = ""  # why a queued or ingesting request got nothing lately: "#2 no slot" (its `waiting` event)
 
     @property
     def key(self) -> str:
@@ -169,9 +174,12 @@ class MonitorState:
         if what == "queued":
             s.state, s.t_queued = "queued", t
         elif what == "scheduled":
-            s.state = "ingesting"
+            s.state, s.wait = "ingesting", ""
+        elif what == "waiting":
+            why = WAIT_REASONS.get(str(ev.get("reason")), str(ev.get("reason")))
+            s.wait = f"#{ev.get('position', '?')} {why}"
         elif what == "first_token":
-            s.state, s.t_first, s.t_last = "decoding", t, None  # its `token` event follows: no gap yet
+            s.state, s.t_first, s.t_last, s.wait = "decoding", t, None, ""  # its `token` event follows: no gap yet
             s.computed = s.prompt_tokens
             if s.ttft is not None:
                 self.ttfts.append((t, s.ttft))
@@ -207,7 +215,7 @@ class MonitorState:
             if s is None:  # queued before we connected: its prompt length comes with its next request event
                 s = self.streams[f"{model}#{seq_id}"] = Stream(model, int(seq_id), t_queued=0.0)
             if s.state in ("queued", "ingesting", "lost"):
-                s.state, s.computed = "ingesting", int(computed)
+                s.state, s.computed, s.wait = "ingesting", int(computed), ""
 
     # ---- polls ----
     def apply_ps(self, models: list[dict[str, Any]]) -> None:

@@ -58,6 +58,8 @@ def fmt_until(expires_at: str | None, now: float) -> str:
 def stream_row(s: Stream, log_content: bool | None, columns: list[str], text_width: int) -> list[Text]:
     dim = "dim" if s.state in ("done", "lost") else ""
     state = {"done": f"done:{s.done_reason}", "lost": "lost"}.get(s.state, s.state)
+    if s.wait and s.state in ("queued", "ingesting"):
+        state = f"{state} {s.wait}"
     prompt = f"{bar(s.progress)} {s.computed if s.state == 'ingesting' else 0}/{s.prompt_tokens or '?'}" \
         if s.state in ("queued", "ingesting") else f"{s.prompt_tokens}"
     tps = s.tok_per_s

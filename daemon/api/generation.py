@@ -148,7 +148,7 @@ async def engine_stream(request: Request, lease: Lease, prep: "Prepared", endpoi
                                                   else -1) for i in range(1, prep.n)]
     try:
         streams = engine.submit_group(prep.prompt_ids, params, user=user, constraint=prep.constraint,
-                                      logprobs=prep.logprobs)
+                                      logprobs=prep.logprobs, priority=prep.priority)
     except PromptTooLong as e:
         raise APIError(400, str(e)) from None
     except QueueFull:

@@ -31,6 +31,30 @@ class Prepared:
     constraint: Constraint | None = None  # format / response_format, compiled for this model
     logprobs: int | None = None  # None: no logprobs; k: each token's logprob and its k most likely alternatives
     n: int = 1  # choices sampled from the one prompt (/v1 `n`)
+    priority: int = 0  # lower is scheduled sooner (the engine's prompt order)
+
+
+PRIORITY_NAMES = {"interactive": -1, "normal": 0, "background": 1}
+MAX_PRIORITY = 1000
+
+
+def request_priority(value: Any, field: str = "priority", param: str | None = None) -> int:
+    """A request's priority: an integer (vLLM's convention: lower is sooner, 0 normal) or a name; 400 otherwise."""
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.strip().lower() in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value.strip().lower()]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise APIError(400, f"{field} must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY} (lower is sooner) or "
+                            f"one of {', '.join(PRIORITY_NAMES)}; got {json.dumps(value)[:100]}", param=param)
+    return value
+
+
+def options_priority(options: Any) -> int:
+    """`options.priority` on the Ollama API."""
+    return request_priority(options.get("priority") if isinstance(options, dict) else None, "option 'priority'")
 
 
 def check_format(fmt: Any) -> str | None:
@@ -102,6 +126,7 @@ def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> P
     params = sampling_params(req.options, model.record.params)
     prep = _finish(model, text, ids, params, window, think, grammar=grammar)
     prep.logprobs = ollama_logprobs(req)
+    prep.priority = options_priority(req.options)
     return prep
 
 
@@ -123,6 +148,7 @@ def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
     params = sampling_params(req.options, model.record.params)
     prep = _finish(model, text, ids, params, window, think, tools, grammar)
     prep.logprobs = ollama_logprobs(req)
+    prep.priority = options_priority(req.options)
     return prep
 
 
@@ -183,6 +209,7 @@ def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: li
     text, ids = _chat_prompt(model, messages, tools, think)
     prep = _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None), think, tools, grammar)
     prep.logprobs, prep.n = chat_logprobs(req), openai_choices(req, model)
+    prep.priority = request_priority(req.priority, param="priority")
     return prep
 
 
@@ -197,6 +224,7 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
     prep = _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None),
                    grammar=response_format_grammar(req.response_format))
     prep.logprobs, prep.n = completion_logprobs(req), openai_choices(req, model)
+    prep.priority = request_priority(req.priority, param="priority")
     return prep
 
 

@@ -168,6 +168,7 @@ class _OAICommon(_Req):
     logprobs: Any = None  # chat: bool; completions: int (the number of top logprobs)
     top_logprobs: Optional[StrictInt] = None
     ignore_eos: Optional[StrictBool] = None  # vLLM's and llama-server's extension
+    priority: Any = None  # vLLM's extension: lower is scheduled sooner (prepare.request_priority)
 
 
 class OAIFunctionCall(_Req):

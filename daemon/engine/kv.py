@@ -168,13 +168,33 @@ class BlockManager:
         if not self.prefix_caching:
             return
         full = seq.num_computed // self.block_size
+        last = 0
         for i in range(seq.num_registered, full):
             key = self._seq_key(seq, i)
             b = seq.block_table[i]
-            if key not in self._cached and self._key[b] is None:  # a twin computed concurrently keeps the entry
-                self._cached[key] = b
-                self._key[b] = key
+            if key in self._cached or self._key[b] is not None:
+                continue  # a twin computed concurrently keeps the entry
+            self._cached[key] = b
+            self._key[b] = key
+            last = i
+        # The cache keeps chains whole: when `seq` extends past twins of its earlier blocks, its own blocks take
+        # their keys, so a later hit is one run of blocks (llama.cpp serves a hit from one stream).
+        for j in range(last):
+            self._repoint(self._seq_key(seq, j), seq.block_table[j])
         seq.num_registered = max(seq.num_registered, full)
+
+    def _repoint(self, key: bytes, b: int) -> None:
+        old = self._cached.get(key)
+        if old == b:
+            return
+        if old is not None:
+            self._key[old] = None
+            if self._ref[old] == 0:  # free and cached: now simply free
+                del self._lru[old]
+                self._free.append(old)
+                self.forgotten.append(old)
+        self._cached[key] = b
+        self._key[b] = key
 
     def _seq_key(self, seq: Sequence, i: int) -> bytes:
         """Key of `seq`'s i-th full block; memoised on the sequence (its known tokens never change)."""

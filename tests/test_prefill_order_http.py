@@ -1,0 +1,157 @@
+"""Issue 26 through HTTP on a daemon at its default settings: while a document is being ingested beside a decoding
+stream, a one-line question gets its first token before the document's prefill is complete, and `/api/events`
+says where a waiting request stands. Steps are let through one at a time (StepGate) and the test waits on engine
+events, never on a time margin."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from api_harness import Daemon, StepGate, start_daemon, upload_model
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, synthetic_model) -> Daemon:
+    d = start_daemon(tmp_path_factory.mktemp("order"))
+    upload_model(d.url, Path(synthetic_model("tiny", "llama", formats=("gguf",), gguf_dtype="q8_0")["gguf"]), "tiny")
+    yield d
+    d.stop()
+
+
+class Events:
+    """The engine's request events, gathered on its thread; `wait_for` blocks until one matches."""
+
+    def __init__(self, engine: Any) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.cv = threading.Condition()
+        self.unsubscribe = engine.subscribe(self._on)
+
+    def _on(self, ev: dict[str, Any]) -> None:
+        with self.cv:
+            self.seen.append(ev)
+            self.cv.notify_all()
+
+    def find(self, **match: Any) -> dict[str, Any] | None:
+        with self.cv:
+            return next((e for e in self.seen if all(e.get(k) == v for k, v in match.items())), None)
+
+    def wait_for(self, gate: StepGate | None = None, pred: Any = None, **match: Any) -> dict[str, Any]:
+        """The first event matching; with a gate, one more step is let through each time nothing matches yet."""
+        for _ in range(5000):
+            with self.cv:
+                got = next((e for e in self.seen if all(e.get(k) == v for k, v in match.items())
+                            and (pred is None or pred(e))), None)
+                if got is None and gate is None:
+                    if not self.cv.wait(60):
+                        break
+                    continue
+            if got is not None:
+                return got
+            n = len(self.seen)
+            gate.allow(1)
+            with self.cv:
+                if not self.cv.wait_for(lambda: len(self.seen) > n, 60):
+                    break
+        raise AssertionError(f"no event {match}")
+
+
+def post_stream(url: str, body: dict[str, Any], out: list[dict[str, Any]]) -> threading.Thread:
+    def run() -> None:
+        with httpx.stream("POST", url + "/api/generate", json={**body, "stream": True}, timeout=300) as r:
+            for line in r.iter_lines():
+                if line:
+                    out.append(json.loads(line))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_question_gets_its_first_token_before_a_document_finishes_ingesting(daemon: Daemon) -> None:
+    gate = StepGate(daemon, "tiny")
+    engine = daemon.ctx.manager.models["tiny:latest"].engine
+    events = Events(engine)
+    replies: dict[str, list[dict[str, Any]]] = {"stream": [], "doc": [], "chat": []}
+    threads = []
+    try:
+        threads.append(post_stream(daemon.url, {"model": "tiny", "prompt": "Tell me a story.",
+                                                "options": {"num_predict": 100_000}}, replies["stream"]))
+        first = events.wait_for(gate, type="request", event="first_token")
+        stream_id = first["seq_id"]
+        doc_text = " ".join(f"paragraph {i} of the quarterly report, with numbers." for i in range(80))
+        threads.append(post_stream(daemon.url, {"model": "tiny", "prompt": doc_text, "options": {"num_predict": 4}},
+                                   replies["doc"]))
+        doc = events.wait_for(gate, type="request", event="queued", pred=lambda e: e["seq_id"] != stream_id)
+        assert doc["prompt_tokens"] > 1000
+        events.wait_for(gate, type="request", event="scheduled", seq_id=doc["seq_id"])  # it is going in
+        threads.append(post_stream(daemon.url, {"model": "tiny", "prompt": "Quick question: what is 2+2?",
+                                                "options": {"num_predict": 4}}, replies["chat"]))
+        chat = events.wait_for(gate, type="request", event="queued",
+                               pred=lambda e: e["seq_id"] not in (stream_id, doc["seq_id"]))
+        events.wait_for(gate, type="request", event="first_token", seq_id=chat["seq_id"])
+        assert events.find(type="request", event="first_token", seq_id=doc["seq_id"]) is None, \
+            "the question waited for the whole document"
+        # the document was still ingesting when the question's first token came
+        prefilled = [c for e in events.seen if e["type"] == "step" for s, c in e["prefilled"] if s == doc["seq_id"]]
+        assert 0 < max(prefilled) < doc["prompt_tokens"]
+        gate.open()
+        events.wait_for(type="request", event="finished", seq_id=chat["seq_id"])
+        events.wait_for(type="request", event="finished", seq_id=doc["seq_id"])
+    finally:
+        gate.close()
+        engine.abort(stream_id)
+        events.unsubscribe()
+        for t in threads:
+            t.join(60)
+    assert replies["chat"][-1]["done"] and replies["doc"][-1]["done"]
+
+
+def test_waiting_requests_are_told_on_the_event_feed_with_their_position(daemon: Daemon) -> None:
+    gate = StepGate(daemon, "tiny")
+    engine = daemon.ctx.manager.models["tiny:latest"].engine
+    slots = engine.scheduler.config.max_num_seqs
+    feed: list[dict[str, Any]] = []
+    ready = threading.Event()
+
+    def read_feed() -> None:
+        with httpx.stream("GET", daemon.url + "/api/events", timeout=120) as r:
+            ready.set()
+            for line in r.iter_lines():
+                if line:
+                    feed.append(json.loads(line))
+                    if feed[-1].get("event") == "waiting" and feed[-1].get("reason") == "slot":
+                        return
+
+    reader = threading.Thread(target=read_feed, daemon=True)
+    reader.start()
+    ready.wait(60)
+    events = Events(engine)
+    outs: list[list[dict[str, Any]]] = []
+    threads = []
+    try:
+        for i in range(slots + 1):  # one more long stream than there are slots
+            outs.append([])
+            threads.append(post_stream(daemon.url, {"model": "tiny", "prompt": f"stream {i}",
+                                                    "options": {"num_predict": 100_000}}, outs[-1]))
+        waiting = events.wait_for(gate, type="request", event="waiting", reason="slot")
+        queued = [e["seq_id"] for e in events.seen if e.get("event") == "queued"]
+        assert waiting["seq_id"] == max(queued)  # the last to come waits; its place counts the prompts ahead of it
+        assert 1 <= waiting["position"] <= slots
+        reader.join(60)
+        assert any(e.get("event") == "waiting" and e.get("reason") == "slot" and e.get("seq_id") == waiting["seq_id"]
+                   and e.get("position") == waiting["position"] for e in feed)
+        metrics = httpx.get(daemon.url + "/metrics", timeout=30).text
+        assert 'evenflow_queue_wait_seconds_count{model="tiny:latest"}' in metrics
+    finally:
+        gate.close()
+        for e in list(events.seen):
+            if e.get("event") == "queued":
+                engine.abort(e["seq_id"])
+        events.unsubscribe()
+        for t in threads:
+            t.join(60)

@@ -1,0 +1,88 @@
+"""Hyperparameter checks on a GGUF header, before llama.cpp sees the file.
+
+llama.cpp asserts on some header values instead of returning an error: a block count outside 1..512 aborts
+the whole process (`GGML_ASSERT(n_layer > 0 && n_layer <= LLAMA_MAX_LAYERS)`), a head count of 0 divides by
+zero. These are the generic keys every architecture reads (`llama_model::load_hparams`); architecture-specific
+asserts are left to the load probe (`backends/llamacpp/load_probe.py`). Run at /api/create and at every load.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..base import ModelLoadError
+
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
+MAX_EXPERTS = 512  # LLAMA_MAX_EXPERTS
+MAX_WIDTH = 1 << 20  # embedding/ffn/head widths: far above any real model, far below an int32 overflow
+MAX_CONTEXT = 1 << 30  # context_length: llama.cpp keeps it in a uint32; real models stop at a few million
+
+
+def _count(md: dict[str, Any], key: str, source: str, lo: int, hi: int, required: bool = False) -> int | None:
+    """The integer value of `key` within [lo, hi]; None when absent and not required."""
+    if key not in md:
+        if required:
+            raise ModelLoadError(f"{source}: GGUF metadata has no {key!r}")
+        return None
+    v = md[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ModelLoadError(f"{source}: GGUF metadata {key!r} is {_show(v)}; expected an integer in {lo}..{hi}")
+    if not lo <= v <= hi:
+        raise ModelLoadError(f"{source}: GGUF metadata {key!r} is {v}; allowed: {lo}..{hi}")
+    return v
+
+
+def _per_layer(md: dict[str, Any], key: str, source: str, n_layer: int, lo: int, hi: int) -> list[int] | None:
+    """A count that is one integer or one per layer (llama.cpp's get_key_or_arr), as a per-layer list."""
+    if key not in md:
+        return None
+    v = md[key]
+    if isinstance(v, int) and not isinstance(v, bool):
+        _count(md, key, source, lo, hi)
+        return [v] * n_layer
+    if not hasattr(v, "__len__") or isinstance(v, (str, bytes)):
+        raise ModelLoadError(f"{source}: GGUF metadata {key!r} is {_show(v)}; expected an integer or one per layer")
+    if len(v) != n_layer:
+        raise ModelLoadError(f"{source}: GGUF metadata {key!r} has {len(v)} values for {n_layer} layers")
+    values = v.tolist() if hasattr(v, "tolist") else list(v)  # a lazy GGUFArray of at most MAX_LAYERS numbers
+    for i, x in enumerate(values):
+        if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+            raise ModelLoadError(f"{source}: GGUF metadata {key!r}[{i}] is {_show(x)}; allowed: {lo}..{hi}")
+    return values
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_hparams(md: dict[str, Any], source: str) -> None:
+    """ModelLoadError naming the key when a generic hyperparameter would make llama.cpp assert or divide by 0.
+
+    A file without `general.architecture` is left alone (llama.cpp refuses it cleanly)."""
+    arch = md.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        return
+    n_layer = _count(md, f"{arch}.block_count", source, 1, MAX_LAYERS)
+    _count(md, f"{arch}.context_length", source, 1, MAX_CONTEXT)
+    n_embd = _count(md, f"{arch}.embedding_length", source, 1, MAX_WIDTH)
+    n_expert = _count(md, f"{arch}.expert_count", source, 0, MAX_EXPERTS) or 0
+    n_used = _count(md, f"{arch}.expert_used_count", source, 0, MAX_EXPERTS) or 0
+    if n_used > n_expert or (n_expert > 0) != (n_used > 0):
+        raise ModelLoadError(f"{source}: GGUF metadata {arch}.expert_used_count is {n_used} with {n_expert} experts; "
+                             f"it must be 1..expert_count with experts, 0 without")
+    _count(md, f"{arch}.attention.key_length", source, 1, MAX_WIDTH)
+    _count(md, f"{arch}.attention.value_length", source, 1, MAX_WIDTH)
+    if n_layer is None:
+        return
+    _per_layer(md, f"{arch}.feed_forward_length", source, n_layer, 0, MAX_WIDTH)
+    heads = _per_layer(md, f"{arch}.attention.head_count", source, n_layer, 0, MAX_WIDTH)
+    kv_heads = _per_layer(md, f"{arch}.attention.head_count_kv", source, n_layer, 0, MAX_WIDTH)
+    if heads is None:
+        return
+    if n_embd is not None and heads[0] == 0:  # llama.cpp divides the embedding by the first layer's heads
+        raise ModelLoadError(f"{source}: GGUF metadata {arch}.attention.head_count is 0 for layer 0")
+    for i, h in enumerate(heads):
+        kv = kv_heads[i] if kv_heads is not None else h
+        if h and (kv == 0 or h % kv):
+            raise ModelLoadError(f"{source}: layer {i} has {h} attention heads and {kv} KV heads; the KV heads must "
+                                 f"divide the heads")

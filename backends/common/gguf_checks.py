@@ -55,10 +55,51 @@ def _show(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# The vocabulary arrays and the type of their elements (GGUF value types). llama.cpp reads token_type and
+# scores as plain C arrays indexed by token id, whatever their stored length.
+_VOCAB_ARRAYS = {"tokenizer.ggml.tokens": (8,), "tokenizer.ggml.merges": (8,), "tokenizer.ggml.token_type": (5, 4),
+                 "tokenizer.ggml.scores": (6,)}
+_TYPE_NAMES = {4: "uint32", 5: "int32", 6: "float32", 8: "string"}
+
+
+def _element_types(v: Any) -> set[str]:
+    """The Python types of an array's elements (a lazy GGUFArray answers from its stored element type)."""
+    etype = getattr(v, "etype", None)
+    if etype is not None:
+        return {{8: "str", 6: "float", 12: "float"}.get(etype, "int")}
+    return {"float" if isinstance(x, float) else "int" if isinstance(x, int) and not isinstance(x, bool)
+            else type(x).__name__ for x in v}
+
+
+def check_vocab(md: dict[str, Any], source: str) -> None:
+    """The tokenizer arrays, when present, are arrays of the right element type, one entry per token."""
+    want = {"tokenizer.ggml.tokens": "str", "tokenizer.ggml.merges": "str", "tokenizer.ggml.token_type": "int",
+            "tokenizer.ggml.scores": "float"}
+    n_tokens = None
+    for key, kind in want.items():
+        if key not in md or md[key] is None:  # None: an array gguf_info left in the file (over 1024 entries)
+            continue
+        v = md[key]
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or not _element_types(v) <= {kind}:
+            raise ModelLoadError(f"{source}: GGUF metadata {key!r} must be an array of "
+                                 f"{_TYPE_NAMES[_VOCAB_ARRAYS[key][0]]}")
+        if key == "tokenizer.ggml.tokens":
+            n_tokens = len(v)
+            if n_tokens == 0:
+                raise ModelLoadError(f"{source}: GGUF metadata 'tokenizer.ggml.tokens' is empty")
+        elif key != "tokenizer.ggml.merges" and n_tokens is not None and len(v) != n_tokens:
+            raise ModelLoadError(f"{source}: GGUF metadata {key!r} has {len(v)} entries for {n_tokens} tokens")
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        if key in md and md[key] is not None and "tokenizer.ggml.tokens" not in md:
+            raise ModelLoadError(f"{source}: GGUF metadata {key!r} without 'tokenizer.ggml.tokens'")
+
+
 def check_hparams(md: dict[str, Any], source: str) -> None:
-    """ModelLoadError naming the key when a generic hyperparameter would make llama.cpp assert or divide by 0.
+    """ModelLoadError naming the key when a generic hyperparameter would make llama.cpp assert or divide by 0,
+    or a vocabulary array is not one entry per token.
 
     A file without `general.architecture` is left alone (llama.cpp refuses it cleanly)."""
+    check_vocab(md, source)
     arch = md.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         return

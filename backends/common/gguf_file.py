@@ -117,7 +117,7 @@ class _Cursor:
                     n = _U64(buf, pos)[0]
                     append(buf[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"))
                     pos += 8 + n
-        except struct.error:
+        except (struct.error, OverflowError):  # a length ran past the end (OverflowError: far past)
             pos = len(buf) + 1
         if pos > len(buf):
             raise self.truncated(f"array {key!r} runs past the end")

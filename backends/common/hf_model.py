@@ -30,6 +30,9 @@ def _read_json(path: str, required: bool) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # a "\ud800" escape is not text anything can encode
+    except UnicodeEncodeError:
+        raise ModelLoadError(f"{path}: cannot read JSON (a lone UTF-16 surrogate escape)") from None
     except RecursionError:
         raise ModelLoadError(f"{path}: cannot read JSON (nested too deeply)") from None
     except (OSError, ValueError) as e:

@@ -52,7 +52,7 @@ def _check_entry(name: str, t: Any, data_size: int, source: str) -> dict[str, An
     if not isinstance(t, dict):
         raise ModelLoadError(f"{where} is not an object with dtype, shape and data_offsets")
     dtype, shape, offsets = t.get("dtype"), t.get("shape"), t.get("data_offsets")
-    if dtype not in ITEM_SIZES:
+    if not isinstance(dtype, str) or dtype not in ITEM_SIZES:
         raise ModelLoadError(f"{where} has dtype {str(dtype)[:40]!r}; known: {', '.join(ITEM_SIZES)}")
     if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_count(d) for d in shape):
         raise ModelLoadError(f"{where} has shape {str(shape)[:80]}; expected at most {MAX_DIMS} integers >= 0")

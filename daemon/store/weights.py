@@ -135,9 +135,13 @@ def _token_text(v: Any) -> str | None:
 
 def _json_file(path: Path, name: str) -> Any:
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # "\ud800" escapes decode to text nothing can encode
+        return data
     except RecursionError:
         raise WeightsError(f"{name} is not readable JSON: nested too deeply") from None
+    except UnicodeEncodeError:
+        raise WeightsError(f"{name} holds a lone UTF-16 surrogate escape, which is not Unicode text") from None
     except (OSError, ValueError) as e:
         raise WeightsError(f"{name} is not readable JSON: {str(e)[:200]}") from None
 

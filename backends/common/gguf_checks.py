@@ -1,9 +1,10 @@
 """Hyperparameter checks on a GGUF header, before llama.cpp sees the file.
 
 llama.cpp asserts on some header values instead of returning an error: a block count outside 1..512 aborts
-the whole process (`GGML_ASSERT(n_layer > 0 && n_layer <= LLAMA_MAX_LAYERS)`), a head count of 0 divides by
-zero. These are the generic keys every architecture reads (`llama_model::load_hparams`); architecture-specific
-asserts are left to the load probe (`backends/llamacpp/load_probe.py`). Run at /api/create and at every load.
+the whole process (`GGML_ASSERT(n_layer > 0 && n_layer <= LLAMA_MAX_LAYERS)`), and so do expert counts that do
+not add up. These are the generic keys every architecture reads (`llama_model::load_hparams`), checked with their
+types and per-layer lengths; architecture-specific asserts are left to the load probe
+(`backends/llamacpp/load_probe.py`). Run at /api/create and at every load.
 """
 from __future__ import annotations
 
@@ -115,15 +116,9 @@ def check_hparams(md: dict[str, Any], source: str) -> None:
     _count(md, f"{arch}.attention.value_length", source, 1, MAX_WIDTH)
     if n_layer is None:
         return
+    # Per-layer counts must have one value per layer (llama.cpp refuses other lengths; torch indexes by layer).
+    # Zero heads are left alone: hybrid models (Jamba, Falcon-H1) have layers without attention, and llama.cpp
+    # refuses a plain model with none cleanly.
     _per_layer(md, f"{arch}.feed_forward_length", source, n_layer, 0, MAX_WIDTH)
-    heads = _per_layer(md, f"{arch}.attention.head_count", source, n_layer, 0, MAX_WIDTH)
-    kv_heads = _per_layer(md, f"{arch}.attention.head_count_kv", source, n_layer, 0, MAX_WIDTH)
-    if heads is None:
-        return
-    if n_embd is not None and heads[0] == 0:  # llama.cpp divides the embedding by the first layer's heads
-        raise ModelLoadError(f"{source}: GGUF metadata {arch}.attention.head_count is 0 for layer 0")
-    for i, h in enumerate(heads):
-        kv = kv_heads[i] if kv_heads is not None else h
-        if h and (kv == 0 or h % kv):
-            raise ModelLoadError(f"{source}: layer {i} has {h} attention heads and {kv} KV heads; the KV heads must "
-                                 f"divide the heads")
+    _per_layer(md, f"{arch}.attention.head_count", source, n_layer, 0, MAX_WIDTH)
+    _per_layer(md, f"{arch}.attention.head_count_kv", source, n_layer, 0, MAX_WIDTH)

@@ -68,15 +68,16 @@ def _probe(path: str) -> str | None:
         return None
     if proc.returncode in (_OK, _LOAD_FAILED, _CONTEXT_FAILED):
         return None  # it loads, or llama.cpp refuses it cleanly: the real load then says why
+    if proc.returncode > 0:  # the probe itself failed (an import error, say): that says nothing about the file
+        log.warning("llama.cpp load probe of %s exited with status %d (%s); loading without it", path,
+                    proc.returncode, _reason(proc.stderr) or proc.stderr.strip()[-200:])
+        return None
     reason = _reason(proc.stderr)
-    if proc.returncode < 0:
-        try:
-            sig = signal.Signals(-proc.returncode).name
-        except ValueError:
-            sig = f"signal {-proc.returncode}"
-        what = f"llama.cpp crashes loading this model ({sig})"
-    else:
-        what = f"llama.cpp's load check exited with status {proc.returncode}"
+    try:
+        sig = signal.Signals(-proc.returncode).name
+    except ValueError:
+        sig = f"signal {-proc.returncode}"
+    what = f"llama.cpp crashes loading this model ({sig})"
     log.warning("refusing %s: %s%s", path, what, f": {reason}" if reason else "")
     return what + (f": {reason}" if reason else "")
 

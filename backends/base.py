@@ -88,7 +88,9 @@ class GrammarVocab:
     special_ids: list[int]
     eos_ids: list[int]
     bos_id: int | None
-    encode: Callable[[str], list[int]]  # text -> ids, no BOS, special-token text left as text
+    # text -> ids whose bytes are exactly the text: no BOS, no space a SentencePiece tokenizer prepends, and
+    # the text of a token listed special spelled by other tokens (llguidance fails on anything else)
+    encode: Callable[[str], list[int]]
 
 
 def special_piece(text: bytes) -> bytes:

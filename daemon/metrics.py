@@ -41,6 +41,8 @@ class Metrics:
                                   "prefix cache", ["model"], registry=r)
         self.cache_queries = Counter("evenflow_prefix_cache_query_tokens", "Admitted tokens looked up in the prefix "
                                      "cache", ["model"], registry=r)
+        self.cache_fallbacks = Counter("evenflow_prefix_cache_fallback_tokens", "Cached prefix tokens the backend "
+                                       "could no longer serve, recomputed instead", ["model"], registry=r)
         self.cache_hit_rate = Gauge("evenflow_prefix_cache_hit_rate", "Prefix cache hit tokens / query tokens "
                                     "since the model loaded", ["model"], registry=r)
         self.loaded = Gauge("evenflow_models_loaded", "Models loaded", registry=r)
@@ -67,6 +69,7 @@ class Metrics:
             self.step_tokens.labels(model, "prefill").inc(int(ev.get("prefill_tokens", 0)))
             self.cache_hits.labels(model).inc(int(ev.get("cached_tokens", 0)))
             self.cache_queries.labels(model).inc(int(ev.get("admitted_tokens", 0)))
+            self.cache_fallbacks.labels(model).inc(int(ev.get("prefix_fallback_tokens", 0)))
             self.kv_cached.labels(model).set(int(ev.get("kv_cached", 0)))
             self._set_gauges(model, ev.get("running", 0), ev.get("waiting", 0), ev.get("kv_used", 0),
                              ev.get("kv_total", 0))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Annotated, Iterator, Literal
 
 import httpx
 import jsonschema
 import ollama
 import openai
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from api_harness import BACKENDS, Daemon, start_daemon, upload_model
 
@@ -81,6 +81,30 @@ def test_a_schema_the_engine_cannot_compile_is_a_400(client: ollama.Client, daem
     r = httpx.post(daemon.url + "/api/generate", json={"model": "tiny", "prompt": "x", "format": 3})
     assert r.status_code == 400
     assert r.json() == {"error": 'invalid format: 3; expected "json" or a valid JSON Schema object'}
+
+
+def test_a_schema_that_requires_itself_is_a_400(client: ollama.Client) -> None:
+    """No finite JSON value has a required property "a" that is the whole schema again: refused up front."""
+    with pytest.raises(ollama.ResponseError) as exc:
+        client.chat("tiny", messages=MSGS, format={"type": "object", "properties": {"a": {"$ref": "#"}},
+                                                    "required": ["a"]})
+    assert exc.value.status_code == 400 and "no finite JSON value satisfies this schema" in exc.value.error
+
+
+class Country(BaseModel):
+    """ollama-python's structured-outputs example (strings bounded: a random model would fill them forever)."""
+
+    model_config = ConfigDict(extra="forbid")  # the schema has no additionalProperties; Ollama's grammar adds none
+    name: str = Field(max_length=8)
+    population: int
+    languages: list[Annotated[str, Field(max_length=6)]] = Field(max_length=2)
+
+
+def test_pydantic_format_without_additional_properties(client: ollama.Client) -> None:
+    for options in (GREEDY, {"temperature": 1.0, "seed": 3, "num_predict": 200}):
+        r = client.chat("tiny", messages=MSGS, format=Country.model_json_schema(), options=options)
+        assert r.done_reason == "stop", r.message.content
+        Country.model_validate_json(r.message.content)
 
 
 def test_response_format_on_both_v1_endpoints(oai: openai.OpenAI) -> None:

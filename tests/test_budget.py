@@ -45,8 +45,9 @@ def test_converges_and_never_exceeds_the_target_once_fitted():
     pol = AdaptiveBudget(150, max_tokens=2048, tile=16, margin=0.92)
     trace = simulate(pol, lambda i: CPU, steps=120)
     assert pol.coef is not None
-    a, b, e, c, d = pol.coef
+    a, b, e, g, c, d = pol.coef
     assert np.allclose([c, d], CPU[2:]) and np.isclose(a + 4 * b + e, CPU[0] + 4 * CPU[1])
+    assert g == 0  # one chunk per step here: nothing to say what a second one costs
     fitted_at = next(i for i in range(len(trace)) if i >= 8 and pol.coef is not None)
     late = trace[40:]
     assert within_target_or_floor(late, 0.150)

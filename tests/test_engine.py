@@ -133,7 +133,7 @@ def test_stats_from_other_threads_never_show_a_half_released_sequence():
     assert eng.stats().running == 0 and eng.stats().kv_blocks_used == 0
 
 
-def test_failing_step_fails_only_its_sequences():
+def test_failing_step_fails_only_its_sequences(caplog):
     runner = ToyRunner(fail_on_token=255)
     eng = Engine(runner, EngineConfig(max_num_batched_tokens=64))
     good = eng.submit([1, 2, 3], SamplingParams(temperature=0, num_predict=8), loop=None)
@@ -144,6 +144,9 @@ def test_failing_step_fails_only_its_sequences():
         pass
     bad_final = list(bad)[-1]
     assert bad_final.done_reason == "error" and "forward pass failed" in bad_final.error
+    # the cause is in the log at WARNING, with the request's id (the client only sees "generation failed")
+    assert any(r.levelname == "WARNING" and f"request {bad.seq_id} " in r.getMessage()
+               and "forward pass failed" in r.getMessage() for r in caplog.records)
     assert list(good)[-1].done_reason in ("length", "stop")
     again = eng.submit([1, 2, 3], SamplingParams(temperature=0, num_predict=8), loop=None)
     while eng.run_once():

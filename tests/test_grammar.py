@@ -9,6 +9,7 @@ import random
 import jsonschema
 import numpy as np
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from evenflow.backends.base import GrammarVocab, RunnerSettings, load_runner, special_piece
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
@@ -157,39 +158,106 @@ def test_grammar_vocab_marks_special_tokens(runner):
     assert b"".join(gv.tokens[t] for t in gv.encode('{"a": 1}')) == b'{"a": 1}'
 
 
-@pytest.mark.parametrize("vocab_file", ["ggml-vocab-llama-spm.gguf", "ggml-vocab-qwen2.gguf"])
-def test_bridge_on_real_vocabs(fixtures_dir, vocab_file):
-    """Byte-fallback <0xNN> tokens become their byte; BPE byte-level pieces their bytes; on both bridges."""
+VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2"]
+
+
+def _hf_vocab(fixtures_dir, name: str):
     from evenflow.backends.common.gguf_file import GGUFFile
     from evenflow.backends.common.gguf_tokenizer import tokenizer_from_gguf
 
-    path = str(fixtures_dir / "vocab" / vocab_file)
+    path = str(fixtures_dir / "vocab" / f"ggml-vocab-{name}.gguf")
     with GGUFFile(path) as f:
-        hf = tokenizer_from_gguf(f.metadata, path).grammar_vocab()
-    if vocab_file.endswith("spm.gguf"):
+        return tokenizer_from_gguf(f.metadata, path)
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_bridge_on_real_vocabs(fixtures_dir, name):
+    """Byte-fallback <0xNN> tokens become their byte, BPE byte-level pieces their bytes, on both bridges; both
+    spell any text exactly (a SentencePiece tokenizer's prepended space included) and agree on the ids."""
+    hf = _hf_vocab(fixtures_dir, name).grammar_vocab()
+    if name == "llama-spm":
         assert sum(t == b"A" for t in hf.tokens) >= 2  # the piece "A" and the byte token <0x41>
-    gcs = [GrammarCompiler(_Plain(hf), len(hf.tokens))]
+    path = fixtures_dir / "vocab" / f"ggml-vocab-{name}.gguf"
+    texts = path.with_name(path.name + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    texts += ['{"k": "', " leading", "</s> <s> <|endoftext|>", "\x01"]
+    bridges = [hf]
+    lt = None
     if importlib.util.find_spec("llama_cpp"):
         from evenflow.backends.llamacpp.tokenizer import open_vocab
 
-        lt = open_vocab(path)
-        try:
+        lt = open_vocab(str(path))  # its encode calls into this vocab: closed at the end
+    try:
+        if lt is not None:
             ll = lt.grammar_vocab()
-            # the two bridges agree on every non-special token's bytes
+            # the two bridges agree on every non-special token's bytes, on what ends a generation, on the ids
             diff = [i for i in range(len(ll.tokens)) if i not in ll.special_ids and i not in hf.special_ids
                     and ll.tokens[i] != hf.tokens[i]]
             assert len(diff) <= len(ll.tokens) // 1000, diff[:10]
-            gcs.append(GrammarCompiler(_Plain(ll), len(ll.tokens)))
-        finally:
+            assert set(ll.eos_ids) == set(hf.eos_ids)
+            assert [ll.encode(t) for t in texts] == [hf.encode(t) for t in texts]
+            bridges.append(ll)
+        for gv in bridges:
+            _check_bridge(gv, texts)
+    finally:
+        if lt is not None:
             lt.close()
-    for gc, gv in zip(gcs, [hf, ll] if len(gcs) == 2 else [hf]):
-        # spelled byte by byte, through the vocab's single-byte tokens (<0xNN> byte fallback on SPM)
-        byte_ids = {gv.tokens[i]: i for i in reversed(range(len(gv.tokens))) if len(gv.tokens[i]) == 1}
-        c = gc.compile(grammar_for_format({"type": "object", "properties": {"k": {"enum": ["é✓"]}},
-                                           "required": ["k"]}))
-        for b in '{"k": "é✓"}'.encode("utf-8"):
-            assert c.consume(byte_ids[bytes([b])]), c.error
-        assert c.finished
+
+
+def _check_bridge(gv: GrammarVocab, texts: list[str]) -> None:
+    assert set(gv.eos_ids) <= set(gv.special_ids)
+    for text in texts:
+        assert b"".join(gv.tokens[i] for i in gv.encode(text)) == text.encode("utf-8"), repr(text)
+    # spelled byte by byte, through the vocab's single-byte tokens (<0xNN> byte fallback on SPM)
+    byte_ids = {gv.tokens[i]: i for i in reversed(range(len(gv.tokens))) if len(gv.tokens[i]) == 1}
+    c = GrammarCompiler(_Plain(gv), len(gv.tokens)).compile(grammar_for_format(
+        {"type": "object", "properties": {"k": {"enum": ["é✓"]}}, "required": ["k"]}))
+    for b in '{"k": "é✓"}'.encode("utf-8"):
+        assert c.consume(byte_ids[bytes([b])]), c.error
+    assert c.finished
+
+
+def _allowed(gc: GrammarCompiler, c, width: int) -> set[int]:
+    logits = np.zeros((1, width), dtype=np.float32)
+    mask_rows(gc.executor, logits, [(0, c)])
+    return set(np.flatnonzero(np.isfinite(logits[0])).tolist())
+
+
+def test_a_tokenizer_that_prepends_a_space_cannot_break_the_mask(fixtures_dir):
+    """The failure SentencePiece vocabs had: llguidance's tokenizer callback spelled "{" as " {" and its mask
+    computation failed, leaving only end-of-generation tokens (an empty reply that said done_reason stop)."""
+    gv = _hf_vocab(fixtures_dir, "llama-spm").grammar_vocab()
+    spaced = GrammarVocab(gv.tokens, gv.special_ids, gv.eos_ids, gv.bos_id, lambda text: gv.encode(" " + text))
+    gc = GrammarCompiler(_Plain(spaced), len(gv.tokens))
+    c = gc.compile(grammar_for_format({"type": "object", "properties": {"k": {"enum": ["a"]}}, "required": ["k"]}))
+    allowed = _allowed(gc, c, len(gv.tokens))
+    assert not c.matcher.is_error(), c.error
+    assert allowed and not allowed & set(gv.eos_ids) and all(gv.tokens[t].startswith(b"{") for t in allowed)
+
+
+def test_a_failed_matcher_refuses_every_token_even_eos(runner):
+    gc = GrammarCompiler(runner.tokenizer, runner.info.vocab_size)
+    c = gc.compile(grammar_for_format("json"))
+    close = runner.tokenizer.grammar_vocab().encode("}")[0]
+    assert not c.consume(close)  # "}" cannot start an object: the matcher is now in error
+    eos = min(runner.tokenizer.eos_ids)
+    assert not c.consume(eos) and not c.finished  # an error, never a normal stop
+    assert c.error and "\n" not in c.error
+
+
+@pytest.mark.parametrize("name", ["phi-3", "qwen2"])
+def test_end_of_generation_tokens_never_stand_for_text(fixtures_dir, name):
+    """phi-3's "</s>" is user-defined and Qwen2's a normal token, yet both end a generation: a grammar must not
+    pick one inside a string, where the engine would end the reply mid-JSON. Held by grammar.py even when a
+    vocabulary hands them over as plain text."""
+    gv = _hf_vocab(fixtures_dir, name).grammar_vocab()
+    text_eos = GrammarVocab([b"</s>" if i in gv.eos_ids else t for i, t in enumerate(gv.tokens)],
+                            [i for i in gv.special_ids if i not in gv.eos_ids], gv.eos_ids, gv.bos_id, gv.encode)
+    gc = GrammarCompiler(_Plain(text_eos), len(gv.tokens))
+    c = gc.compile(grammar_for_format({"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}))
+    for tok in gv.encode('{"s": "'):
+        assert c.consume(tok), c.error
+    allowed = _allowed(gc, c, len(gv.tokens))
+    assert allowed and not allowed & set(gv.eos_ids)
 
 
 class _Plain:
@@ -251,3 +319,26 @@ def test_thinking_stays_unconstrained_then_the_answer_is():
     assert text.startswith("<think>not json {</think>")
     answer = json.loads(text[len("<think>not json {</think>"):])
     assert isinstance(answer["n"], int) and ds[-1].done_reason == "stop"
+
+
+class _Count(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # the validator refuses extra keys; the schema says nothing of them
+    n: int
+
+
+def test_a_model_that_would_go_on_forever_is_closed_as_ollama_closes_it():
+    """A model that always prefers another digit, or a comma for another key: the schema read literally (as
+    llguidance reads it) lets it go on until num_predict; read as Ollama's grammar, the integer ends at 16 digits
+    and the object has no key beyond its properties, so the reply ends by the grammar."""
+    r = _ScriptedRunner(b"")
+    r.prompt_len = 1
+    r.bias[list(b"9,")] = 50.0
+    eng = Engine(r, EngineConfig())
+    c = eng.grammars.compile(grammar_for_format(_Count.model_json_schema()))
+    stream = eng.submit(list(b"x"), SamplingParams(temperature=0, num_predict=120), loop=None, constraint=c)
+    while eng.run_once():
+        pass
+    ds = list(stream)
+    text = "".join(d.text for d in ds)
+    assert ds[-1].done_reason == "stop", text
+    assert 10**14 <= _Count.model_validate_json(text).n < 10**16  # nines as long as the grammar allowed

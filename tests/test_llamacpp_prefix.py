@@ -115,3 +115,27 @@ def test_per_sequence_streams_under_pressure_keep_answers_exact(monkeypatch):
                 assert (g, gr) == (w, wr), f"request {k} differs with the prefix cache"
     finally:
         r.close()
+
+
+def test_a_prefix_the_runner_lost_unannounced_is_recomputed_and_counted(monkeypatch):
+    """The defensive half of the contract: a cached prefix the runner can no longer serve (here its parked stream
+    is emptied behind the engine's back) is cut at admission and recomputed; the answer is unchanged."""
+    path = cached_model(make_spec("tiny", architecture="llama"), formats=("gguf",), gguf_dtype="f32")["gguf"]
+    monkeypatch.setenv("EVENFLOW_LLAMACPP_KV", "streams")
+    r = load(str(path), RunnerSettings(max_num_seqs=2, block_size=16, context_length=256, max_num_batched_tokens=128,
+                                       num_threads=2, dtype="float32", flash_attention="off"))
+    try:
+        rng = random.Random(7)
+        doc = [rng.randrange(10, r.info.vocab_size - 64) for _ in range(70)]
+        engine = Engine(r, EngineConfig(max_num_batched_tokens=128))
+        run(engine, [doc + [11]], 1, set())
+        parked = r._cells.stream_of(0) if r._cells.stream_of(0) is not None else next(iter(r._cells._parked))
+        r._cells._truncate(parked, 0)
+        r._cells.take_uncached()  # ... and nobody tells the engine
+        (got,) = run(engine, [doc + [12, 13]], 1, set())
+        assert got[1] == "length" and got[2] == 0
+        assert engine.stats().prefix_fallback_tokens == 64  # the four full blocks it had counted on
+        cold = Engine(r, EngineConfig(max_num_batched_tokens=128, prefix_caching=False))
+        assert run(cold, [doc + [12, 13]], 1, set())[0][0] == got[0]
+    finally:
+        r.close()

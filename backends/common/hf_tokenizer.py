@@ -1,6 +1,7 @@
 """A `Tokenizer` (see base.py) over the `tokenizers` package, for HF tokenizer.json and GGUF vocabs."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 from functools import lru_cache
@@ -12,8 +13,10 @@ from ..base import GrammarVocab, special_piece
 
 log = logging.getLogger(__name__)
 
-# Tokens that end a generation in the families we run, besides the declared EOS.
-END_OF_GENERATION = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>", "</s>")
+# Tokens that end a generation, besides the declared EOS: llama.cpp's list (llama-vocab.cpp marks these EOG by
+# their text), so a model stops at the same token on every backend (phi-3's <|end|>, Gemma's <end_of_turn>).
+END_OF_GENERATION = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>",
+                     "<|endoftext|>", "<EOT>", "_<EOT>", "<end_of_utterance>", "</s>")
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -120,15 +123,18 @@ class HFTokenizer:
         return self._tok.decode(list(token_ids), skip_special_tokens=True)
 
     def grammar_vocab(self) -> GrammarVocab:
-        """Byte tokens and BPE pieces as their raw bytes; control tokens marked special by their text."""
+        """Byte tokens and BPE pieces as their raw bytes; control tokens, end-of-generation tokens and `<...>`
+        user-defined ones marked special by their text (as llguidance marks them for llama.cpp)."""
         added = self._tok.get_added_tokens_decoder()
         tokens = list(self._bytes)
-        for i in self.control_ids:
-            if 0 <= i < len(tokens):
-                text = added[i].content if i in added else (self._tok.id_to_token(i) or f"<control_{i}>")
-                tokens[i] = special_piece(text.encode("utf-8"))
-        return GrammarVocab(tokens, sorted(self.control_ids), sorted(self.eos_ids), self.bos_id,
-                            lambda text: self._tok_plain.encode(text, add_special_tokens=False).ids)
+        looks_special = {i for i, t in added.items() if t.content.startswith("<") and t.content.endswith(">")}
+        special = sorted((self.control_ids | self.eos_ids | looks_special) & set(range(len(tokens))))
+        for i in special:
+            text = added[i].content if i in added else (self._tok.id_to_token(i) or f"<control_{i}>")
+            tokens[i] = special_piece(text.encode("utf-8"))
+        exact = _spelling_twin(self._tok, set(special))
+        return GrammarVocab(tokens, special, sorted(self.eos_ids), self.bos_id,
+                            lambda text: exact.encode(text, add_special_tokens=False).ids)
 
     def id_to_piece(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
@@ -137,3 +143,39 @@ class HFTokenizer:
     def backend_tokenizer(self) -> HFTok:
         """The underlying `tokenizers.Tokenizer`."""
         return self._tok
+
+
+def _spelling_twin(tok: HFTok, special: set[int]) -> HFTok:
+    """A copy that spells text exactly, as a grammar needs: the text of a token the grammar holds special stays
+    text (an added token, such as phi-3's user-defined "</s>", would otherwise match), and a SentencePiece
+    tokenizer does not prepend `▁` to the first word (a `Prepend` normalizer, Metaspace's prepend_scheme)."""
+    data = json.loads(tok.to_str())
+    for added in data.get("added_tokens") or []:
+        if added.get("id") in special:
+            added["special"] = True  # with encode_special_tokens, left as text
+    data["normalizer"] = _without_prepend(data.get("normalizer"))
+    data["pre_tokenizer"] = _metaspace_never_prepends(data.get("pre_tokenizer"))
+    twin = HFTok.from_str(json.dumps(data))
+    twin.encode_special_tokens = True
+    return twin
+
+
+def _without_prepend(norm: dict | None) -> dict | None:
+    if norm is None or norm.get("type") == "Prepend":
+        return None
+    if norm.get("type") == "Sequence":
+        kept = [n for n in map(_without_prepend, norm.get("normalizers", [])) if n is not None]
+        return {**norm, "normalizers": kept} if kept else None
+    return norm
+
+
+def _metaspace_never_prepends(pre: dict | None) -> dict | None:
+    if pre is None:
+        return None
+    if pre.get("type") == "Metaspace":
+        pre = {**pre, "prepend_scheme": "never"}
+        pre.pop("add_prefix_space", None)  # the pre-0.14 spelling of the same switch
+        return pre
+    if pre.get("type") == "Sequence":
+        return {**pre, "pretokenizers": [_metaspace_never_prepends(p) for p in pre.get("pretokenizers", [])]}
+    return pre

@@ -61,6 +61,10 @@ class BlockCells:
         out, self.uncached = self.uncached, []
         return out
 
+    def servable(self, blocks: list[int]) -> int:
+        """How many leading blocks of a cached chain a fresh sequence can be given (the rest is recomputed)."""
+        raise NotImplementedError
+
 
 class PrefixCells(BlockCells):
     """Unified layout: which llama.cpp sequences (live slots and holders) hold the cells of which engine blocks."""
@@ -138,6 +142,13 @@ class PrefixCells(BlockCells):
             if holder is not None:
                 seqs.add(holder)
         self._remove(slot, -1, -1)
+
+    def servable(self, blocks: list[int]) -> int:
+        """Cells are shared position by position, from whichever sequences hold each block."""
+        for i, b in enumerate(blocks):
+            if not self._where.get(b) or self._index.get(b) != i:
+                return i
+        return len(blocks)
 
     def _live(self, seq: int) -> bool:
         return seq < self.num_slots

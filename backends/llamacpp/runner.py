@@ -367,8 +367,12 @@ class LlamaCppRunner:
             self._cells.drop_blocks(blocks)
 
     def take_uncached(self) -> list[int]:
-        """Blocks whose cells went with a dropped holder (out of holder ids): no longer cached."""
+        """Blocks whose cells went (a dropped holder, a parked stream taken over): no longer cached."""
         return self._cells.take_uncached()
+
+    def servable_prefix(self, blocks: list[int]) -> int:
+        """How many leading blocks of a cached prefix this runner can hand a new sequence."""
+        return self._cells.servable(blocks) if self._ctx is not None else 0
 
     def reset_prefix_cache(self) -> None:
         if self._ctx is not None:

@@ -82,6 +82,16 @@ class StreamCells(BlockCells):
             out.append(s)
         return out
 
+    def servable(self, blocks: list[int]) -> int:
+        """llama.cpp copies whole streams, so a hit is served from one stream: the longest run it holds."""
+        best = 0
+        for s in self._where.get(blocks[0], ()) if blocks else ():
+            table, n = self._tables[s], 0
+            while n < min(len(table), len(blocks)) and table[n] == blocks[n]:
+                n += 1
+            best = max(best, n)
+        return best
+
     def _holders(self, blocks: list[int]) -> list[int]:
         """Streams whose cells hold exactly these blocks at positions 0..len-1."""
         if not blocks:

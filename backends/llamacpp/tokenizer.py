@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from typing import Callable
 
 import llama_cpp.llama_cpp as L
 
@@ -72,8 +73,38 @@ class LlamaCppTokenizer:
                 piece = special_piece(buf.raw[:max(n, 0)] or f"<control_{t}>".encode())
                 special.append(t)
             tokens.append(piece)
-        return GrammarVocab(tokens, special, sorted(self.eos_ids), self.bos_id,
-                            lambda text: self.encode(text, add_special=False, parse_special=False))
+        return GrammarVocab(tokens, special, sorted(self.eos_ids), self.bos_id, self._spelling_encoder(tokens))
+
+    def _spelling_encoder(self, tokens: list[bytes]) -> Callable[[str], list[int]]:
+        """Text to ids that spell exactly that text, as a grammar needs. llama_tokenize puts a space in front of
+        the text for SentencePiece vocabs (add_space_prefix), with no flag to turn it off: there, tokenize a
+        sentinel byte + the text and drop the sentinel's tokens. The sentinel is a control byte that is a token
+        of its own and begins no other token (nor does " " + it), so no merge crosses it."""
+        def plain(text: str) -> list[int]:
+            return self.encode(text, add_special=False, parse_special=False)
+
+        if b"".join(tokens[i] for i in plain("a")) == b"a":
+            return plain
+        singles = {tok for tok in tokens if len(tok) == 1}
+        longer = [tok for tok in tokens if len(tok) > 1]
+        firsts, pairs = {tok[:1] for tok in longer}, {tok[:2] for tok in longer}
+        for b in range(1, 32):
+            mark = bytes([b])
+            if mark in singles and mark not in firsts and b" " + mark not in pairs:
+                head = plain(chr(b))
+                if b"".join(tokens[i] for i in head).endswith(mark):
+                    break
+        else:
+            log.warning("no sentinel byte in this vocabulary: grammar tokenization falls back to longest match")
+            return plain
+
+        def spelled(text: str) -> list[int]:
+            if not text:
+                return []
+            ids = plain(chr(b) + text)
+            return ids[len(head):] if ids[:len(head)] == head else ids
+
+        return spelled
 
     def close(self) -> None:
         """Free the vocab-only model of `open_vocab` (a runner's tokenizer dies with the runner)."""

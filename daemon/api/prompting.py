@@ -70,7 +70,7 @@ def _eos_text(model: LoadedModel) -> str:
 
 
 def _bos_text(model: LoadedModel) -> str:
-    # The tokenizer adds BOS itself (encode dedupes a doubled one), so a template's `{{ bos_token }}` is harmless.
+    # The tokenizer adds BOS itself (encode drops a BOS the template wrote), so `{{ bos_token }}` is harmless.
     return model.record.bos_token or _special_text(model, model.runner.tokenizer.bos_id)
 
 
@@ -125,13 +125,28 @@ def render_generate(model: LoadedModel, prompt: str, *, system: str | None, suff
 
 
 def encode(model: LoadedModel, text: str, *, add_special: bool) -> list[int]:
+    """The prompt's ids, starting with one BOS where the model adds one, whether or not the template wrote it."""
     cancel.checkpoint()  # the render may have been long: its client may have gone since
     tok = model.runner.tokenizer
-    ids = list(tok.encode(text, add_special=add_special, parse_special=True))
     bos = tok.bos_id
+    if add_special and tok.add_bos:
+        text = _without_leading_bos(model, text)
+    ids = list(tok.encode(text, add_special=add_special, parse_special=True))
     if add_special and bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
-        ids = ids[1:]  # the template wrote BOS literally and the tokenizer added another
+        ids = ids[1:]  # a BOS written some other way (its piece spelled differently, after whitespace)
     return ids
+
+
+def _without_leading_bos(model: LoadedModel, text: str) -> str:
+    """`text` less the BOS a template wrote at its start, as llama-server does (common/chat.cpp): the tokenizer
+    adds BOS, and handing llama.cpp both made it warn on every request that the prompt starts with 2 BOS tokens."""
+    lead = _bos_text(model)
+    if not lead or not text.startswith(lead):
+        return text
+    tok = model.runner.tokenizer
+    if tok.encode(lead, add_special=False, parse_special=True) != [tok.bos_id]:
+        return text  # the record's BOS text is not what this tokenizer reads as BOS: leave the prompt alone
+    return text[len(lead):]
 
 
 def _held_prefix(text: str, marker: str) -> int:

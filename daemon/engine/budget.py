@@ -21,12 +21,22 @@ class StepCost:
     prefill_tokens: int
     attention_work: int  # (query, key) pairs attended, summed over spans: what grows with context
     seconds: float
+    prefill_spans: int = -1  # prompt chunks in the step; -1: one if prefill_tokens else none
+
+    def __post_init__(self) -> None:
+        if self.prefill_spans < 0:
+            self.prefill_spans = int(self.prefill_tokens > 0)
 
 
 class BudgetPolicy(Protocol):
-    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0, quad: float = 0.5) -> int:
-        """Prompt tokens this step may take, given its decodes' attention work and the chunk's: a chunk of
-        P tokens attends P*prefill_start + quad*P*(P+1) (query, key) pairs."""
+    floor: int  # the smallest chunk worth a step (ingestion always progresses by at least this)
+    max_tokens: int  # no step carries more tokens than this, decodes included
+
+    def prefill_budget(self, num_decodes: int, work: int, prefill_start: int = 0, quad: float = 0.5,
+                       planned: int = 0, spans: int = 0) -> int:
+        """Tokens one more prompt chunk may take in a step that already holds `num_decodes` decodes and `planned`
+        prompt tokens in `spans` chunks, attending `work` (query, key) pairs; the new chunk of P tokens attends
+        P*prefill_start + quad*P*(P+1) more."""
         ...
 
     def observe(self, cost: StepCost) -> None:
@@ -36,11 +46,14 @@ class BudgetPolicy(Protocol):
 class FixedBudget:
     """A fixed token budget per step shared by decodes and prompt chunks."""
 
-    def __init__(self, max_num_batched_tokens: int) -> None:
-        self.max_num_batched_tokens = max_num_batched_tokens
+    floor = 1
 
-    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0, quad: float = 0.5) -> int:
-        return max(0, self.max_num_batched_tokens - num_decodes)
+    def __init__(self, max_num_batched_tokens: int) -> None:
+        self.max_tokens = max_num_batched_tokens
+
+    def prefill_budget(self, num_decodes: int, work: int, prefill_start: int = 0, quad: float = 0.5,
+                       planned: int = 0, spans: int = 0) -> int:
+        return max(0, self.max_tokens - num_decodes - planned)
 
     def observe(self, cost: StepCost) -> None:
         pass
@@ -51,12 +64,14 @@ class AdaptiveBudget:
 
     Cost model, refitted every step by least squares over a sliding window of measured steps, recent ones
     weighted more:
-        step_seconds ~= a + b*decodes + e*[prefill_tokens > 0] + c*prefill_tokens + d*attention_work
+        step_seconds ~= a + b*decodes + e*[prefill_tokens > 0] + g*(chunks - 1) + c*prefill_tokens + d*attention_work
     where attention_work counts the (query, key) pairs attended: a decode at context n adds n, a chunk of
     P tokens after s cached ones adds P*s + P(P+1)/2, so a chunk deep into a long prompt costs more than
     the same chunk at its start; e is the fixed price of a step carrying any chunk (llama.cpp switches to
-    its batched kernels). The chunk is the largest P with
+    its batched kernels), g that of each further chunk (llama.cpp's per-sequence streams run every chunk as a
+    micro-batch of its own: one more pass over the weights). The chunk is the largest P with
         a + b*D + e + d*(W_D + P*s + P(P+1)/2) + c*P <= margin*target
+    and a step that already plans chunks sizes the next one the same way, with their tokens, work and g added
     (a quadratic in P; with a shared KV cache, where every query attends every cached cell, the scheduler
     passes the terms of (D + P) * (held + D + P) instead), rounded down to
     a multiple of `tile` (16 on GPUs, where GEMMs run in tile waves and 257 rows cost like 272; 1 on
@@ -85,7 +100,7 @@ class AdaptiveBudget:
         self.tile = max(1, tile)
         self._rows: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
         self._y: collections.deque[float] = collections.deque(maxlen=window)
-        self.coef: np.ndarray | None = None  # (a, b, e, c, d) once fitted
+        self.coef: np.ndarray | None = None  # (a, b, e, g, c, d) once fitted
         self.noise = 0.0  # residual standard deviation of the fit, seconds
         self._probe = self.floor
         self.decay = 0.95
@@ -93,42 +108,50 @@ class AdaptiveBudget:
         self._last_mix: tuple[int, int, float] | None = None  # (decodes, chunk, seconds) of the last mixed step
         self._stale = False  # the window lost the variety of chunk sizes a fit needs
 
-    def prefill_budget(self, num_decodes: int, decode_work: int, prefill_start: int = 0, quad: float = 0.5) -> int:
-        room = self.max_tokens - num_decodes
+    def prefill_budget(self, num_decodes: int, work: int, prefill_start: int = 0, quad: float = 0.5,
+                       planned: int = 0, spans: int = 0) -> int:
+        room = self.max_tokens - num_decodes - planned
+        if room <= 0:
+            return 0
         if num_decodes == 0:
             return room
+        # The floor keeps the first chunk of a step moving; a further chunk takes only what the target leaves.
+        floor = min(self.floor, room) if not spans else 0
         if self._stale and self._last_mix is not None:
             # Probe from the last mixed step: a step's cost grows at most in proportion to its tokens (the fixed
             # part does not grow), so scaling its measured time gives a chunk that cannot overshoot the aim.
             d0, p0, t0 = self._last_mix
-            chunk = self.margin * self.target / max(t0, 1e-9) * (d0 + p0) - num_decodes
+            chunk = self.margin * self.target / max(t0, 1e-9) * (d0 + p0) - num_decodes - planned
             chunk = int(min(chunk, room)) // self.tile * self.tile
-            return max(min(self.floor, room), min(chunk, room))
+            return max(floor, min(chunk, room))
         if self.coef is None:
-            return max(self.floor, min(self._probe, room))
-        a, b, e, c, d = self.coef
-        slack = self.margin * self.target - self.noise - (a + b * num_decodes + e + d * decode_work)
+            return max(floor, min(self._probe - planned, room))
+        a, b, e, g, c, d = self.coef
+        slack = self.margin * self.target - self.noise - (a + b * num_decodes + e + g * spans + c * planned + d * work)
         lin = c + d * (prefill_start + quad)  # cost per chunk token, plus quad*d per token squared
         q = quad * d
+        if spans:
+            slack -= g  # this chunk is one more
         if slack <= 0:
             chunk = 0.0
         elif q > 0:
             chunk = (-lin + math.sqrt(lin * lin + 4.0 * q * slack)) / (2.0 * q)
         else:
             chunk = slack / lin if lin > 0 else room
-        # Trust region: never extrapolate far beyond the chunk sizes the fit has actually measured, and when
+        # Trust region: never extrapolate far beyond the step sizes the fit has actually measured, and when
         # the number of decodes differs from the last mixed step's, take half a step to validate the fit first.
-        measured = max((r[3] for r in self._rows if r[1] > 0), default=0)
-        chunk = min(chunk, max(self.floor, 1.5 * measured))
+        measured = max((r[4] for r in self._rows if r[1] > 0), default=0)
+        chunk = min(chunk, max(self.floor, 1.5 * measured) - planned)
         if num_decodes != self._last_mix_decodes:
             chunk /= 2
-        chunk = int(min(chunk, room)) // self.tile * self.tile
-        return max(min(self.floor, room), min(chunk, room))
+        chunk = int(max(min(chunk, room), 0)) // self.tile * self.tile
+        return max(floor, min(chunk, room))
 
     def observe(self, cost: StepCost) -> None:
         if cost.num_decodes == 0 and cost.prefill_tokens == 0:
             return
-        self._rows.append(self._features(cost.num_decodes, cost.prefill_tokens, cost.attention_work))
+        self._rows.append(self._features(cost.num_decodes, cost.prefill_tokens, cost.attention_work,
+                                         cost.prefill_spans))
         self._y.append(cost.seconds)
         if cost.num_decodes and cost.prefill_tokens:
             self._last_mix_decodes = cost.num_decodes
@@ -143,7 +166,7 @@ class AdaptiveBudget:
     def _fit(self) -> None:
         X = np.array(self._rows)
         y = np.array(self._y)
-        if np.linalg.matrix_rank(X) < 3 or len(set(X[:, 3])) < 2:
+        if np.linalg.matrix_rank(X) < 3 or len(set(X[:, 4])) < 2:
             # Every step in the window took the same chunk (the floor, say, after a burst of contention): the fit
             # cannot tell what another size costs; rather than trust a stale fit for ever, probe (prefill_budget).
             self._stale = self.coef is not None or self._stale
@@ -161,7 +184,7 @@ class AdaptiveBudget:
         for _ in range(3):
             pred = X @ coef
             nxt = (y - pred <= np.maximum(pred, 0.1 * self.target)) | keep_recent
-            if (nxt == use).all() or np.linalg.matrix_rank(X[nxt]) < 3 or len(set(X[nxt, 3])) < 2:
+            if (nxt == use).all() or np.linalg.matrix_rank(X[nxt]) < 3 or len(set(X[nxt, 4])) < 2:
                 break
             use = nxt
             coef = self._lstsq(X[use], y[use], w[use])
@@ -169,7 +192,7 @@ class AdaptiveBudget:
         self.coef = coef
         # Timing noise: aim one residual standard deviation below the target so the tail, not just the
         # mean, stays under it; measured on the steps that carried a chunk, the ones being sized.
-        mixed = X[:, 3] > 0
+        mixed = X[:, 4] > 0
         r = (y - X @ self.coef)[mixed]
         wm = (w ** 2)[mixed]
         self.noise = float(np.sqrt(np.sum(wm * r ** 2) / np.sum(wm))) if len(r) >= 3 else 0.0
@@ -190,10 +213,5 @@ class AdaptiveBudget:
         return np.maximum(coef, 0.0) / scale
 
     @staticmethod
-    def _features(num_decodes: int, prefill_tokens: int, attention_work: int) -> tuple[float, ...]:
-        return (1.0, num_decodes, float(prefill_tokens > 0), prefill_tokens, attention_work)
-
-    def predict(self, num_decodes: int, prefill_tokens: int, attention_work: int) -> float:
-        if self.coef is None:
-            return float("nan")
-        return float(self.coef @ np.array(self._features(num_decodes, prefill_tokens, attention_work)))
+    def _features(num_decodes: int, prefill_tokens: int, attention_work: int, spans: int) -> tuple[float, ...]:
+        return (1.0, num_decodes, float(prefill_tokens > 0), max(spans - 1, 0), prefill_tokens, attention_work)

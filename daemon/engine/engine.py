@@ -75,6 +75,7 @@ class EngineStats:
     kv_blocks_cached: int = 0  # blocks holding a reusable prefix (in use or free)
     cache_hit_tokens: int = 0  # tokens served from the prefix cache at admission, since load
     cache_query_tokens: int = 0  # tokens looked up at admission, since load
+    prefix_fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve (recomputed), since load
 
     @property
     def cache_hit_rate(self) -> float:
@@ -130,7 +131,8 @@ class Engine:
         # A runner declares it reads shared blocks correctly (`prefix_caching = True`); one that keeps KV outside
         # the block pool also implements drop_blocks (and take_uncached) to mirror the cache (see docs/engine-api.md).
         caching = self.config.prefix_caching and bool(getattr(runner, "prefix_caching", False))
-        self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching)
+        self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching,
+                                   servable=getattr(runner, "servable_prefix", None))
         if hasattr(runner, "reset_prefix_cache"):  # a new engine knows nothing the runner may still hold
             runner.reset_prefix_cache()
         self._drop_blocks = getattr(runner, "drop_blocks", None)
@@ -153,6 +155,7 @@ class Engine:
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._cv = threading.Condition()
         self._subscribers: list[Callable[[dict], None]] = []
+        self._published_wait: dict[int, tuple[int, str]] = {}  # the last (position, reason) told per sequence
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
@@ -166,15 +169,16 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, *, user: dict | None = None,
                loop: asyncio.AbstractEventLoop | None | str = "auto",
-               constraint: Constraint | None = None, logprobs: int | None = None) -> RequestStream:
+               constraint: Constraint | None = None, logprobs: int | None = None, priority: int = 0) -> RequestStream:
         """`constraint`: from `self.grammars.compile(...)`, owned by this sequence from now on. `logprobs`:
-        None, or report each token's log-probability with that many top alternatives (0..20)."""
+        None, or report each token's log-probability with that many top alternatives (0..20). `priority`: lower
+        is scheduled sooner (0 normal; see scheduler.py for how it orders prompts)."""
         return self.submit_group(prompt_ids, [params], user=user, loop=loop, constraint=constraint,
-                                 logprobs=logprobs)[0]
+                                 logprobs=logprobs, priority=priority)[0]
 
     def submit_group(self, prompt_ids: list[int], params: list[SamplingParams], *, user: dict | None = None,
                      loop: asyncio.AbstractEventLoop | None | str = "auto", constraint: Constraint | None = None,
-                     logprobs: int | None = None) -> list[RequestStream]:
+                     logprobs: int | None = None, priority: int = 0) -> list[RequestStream]:
         """One sequence per `params` over the same prompt (n > 1). With prefix caching the first computes the
         prompt and the others are admitted once it has, sharing its KV blocks; each gets its own fork of
         `constraint`."""
@@ -205,7 +209,7 @@ class Engine:
                 loop = None
         group = []
         for i, p in enumerate(params):
-            seq = Sequence(prompt_ids, p, self.context_length, user=user)
+            seq = Sequence(prompt_ids, p, self.context_length, user=user, priority=priority)
             seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
             c = constraint if i == 0 or constraint is None else constraint.fork()
             group.append((seq, c))
@@ -240,7 +244,7 @@ class Engine:
     def _snapshot(self) -> EngineStats:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_used,
                            self.blocks.num_blocks, self.steps, self.block_size, self.blocks.num_cached,
-                           self.cache_hit_tokens, self.cache_query_tokens)
+                           self.cache_hit_tokens, self.cache_query_tokens, self.blocks.fallback_tokens)
 
     def run_once(self) -> bool:
         """Handle queued calls and run one step in the caller's thread (tests, benchmarks; no loop thread).
@@ -311,7 +315,7 @@ class Engine:
                 self._states[seq.seq_id] = _SeqState(seq, constraint, logprobs)
                 if i == 0 or not self.blocks.prefix_caching:
                     self.scheduler.add(seq)
-                self._publish_request(seq, "queued")
+                self._publish_request(seq, "queued", priority=seq.priority)
             if len(group) > 1 and self.blocks.prefix_caching:
                 # the rest wait until the first has computed the prompt, then reuse its cached blocks
                 self._held[group[0][0].seq_id] = [seq for seq, _ in group[1:]]
@@ -339,7 +343,9 @@ class Engine:
             if span.seq.t_first_scheduled is None:
                 span.seq.t_first_scheduled = now
                 span.seq.metrics.queue_ns = now - span.seq.t_arrival
-                self._publish_request(span.seq, "scheduled")
+                self._publish_request(span.seq, "scheduled", queue_ms=span.seq.metrics.queue_ns / 1e6)
+        if self._subscribers:
+            self._publish_waits(plan)
         batch = plan.to_batch(self.block_size)
         self.cache_hit_tokens += plan.cache_hit_tokens
         self.cache_query_tokens += plan.cache_query_tokens
@@ -356,6 +362,8 @@ class Engine:
             return
         dt = time.perf_counter() - t0
         self.steps += 1
+        if self._take_uncached is not None:  # cells the runner reused during the step (a parked stream taken over)
+            self.blocks.uncache(self._take_uncached())
         for span in plan.spans:
             span.seq.num_computed += span.num_tokens
             self.blocks.commit(span.seq)
@@ -387,7 +395,8 @@ class Engine:
         # The policy sees the whole iteration (scheduling, forward, sampling, streaming out): that is the gap a
         # decoding stream observes between its tokens.
         total = time.perf_counter() - t_start
-        self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, total))
+        self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, total,
+                                     len(plan.spans) - plan.num_decodes))
         self._publish_step(plan, total, dt)
 
     def _release_held(self, seq: Sequence) -> None:
@@ -454,6 +463,10 @@ class Engine:
         if seq.t_first_token is not None and seq.t_last_token is not None:
             m.eval_duration = max(seq.t_last_token - seq.t_first_token, 0) or 1
         seq.finish_reason = reason
+        if reason == "error":
+            log.warning("request %d (%s %s) failed: %s", seq.seq_id, seq.user.get("endpoint", ""),
+                        seq.user.get("model", self.name), error)
+        self._published_wait.pop(seq.seq_id, None)
         self._send(seq, Delta(tail, [], done=True, done_reason=reason, error=error, metrics=m))
         self._publish_request(seq, "finished", done_reason=reason, text=tail)
 
@@ -479,13 +492,24 @@ class Engine:
             "running_tokens": sum(s.num_computed for s in self.scheduler.running),  # after the step
             "step_ms": dt * 1e3, "forward_ms": forward * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
             "kv_total": self.blocks.num_blocks, "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted),
+            "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted), "parked": len(plan.parked),
             "cached_tokens": plan.cache_hit_tokens, "admitted_tokens": plan.cache_query_tokens,
             "kv_cached": self.blocks.num_cached,
+            "prefix_fallback_tokens": plan.fallback_tokens,
             # [seq_id, tokens computed] per prompt chunk: lets a monitor draw each ingestion's progress
             "prefilled": [[s.seq.seq_id, s.seq.num_computed] for s in plan.spans[plan.num_decodes:]],
             "target_ms": self.policy.target * 1e3 if isinstance(self.policy, AdaptiveBudget) else None,
         })
+
+    def _publish_waits(self, plan: StepPlan) -> None:
+        """A "waiting" event for each prompt whose place in the queue, or reason to wait, changed this step."""
+        for seq in plan.waiting:
+            if seq.wait is not None and seq.wait != self._published_wait.get(seq.seq_id):
+                self._published_wait[seq.seq_id] = seq.wait
+                self._publish_request(seq, "waiting", position=seq.wait[0], reason=seq.wait[1],
+                                      prefilled=seq.num_computed)
+        for span in plan.spans[plan.num_decodes:]:
+            self._published_wait.pop(span.seq.seq_id, None)
 
     def _publish_request(self, seq: Sequence, event: str, **extra: Any) -> None:
         if not self._subscribers:

@@ -16,6 +16,8 @@ import llguidance as llg
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
+from .json_schema import SchemaError, check_finite, ollama_semantics
+
 log = logging.getLogger(__name__)
 
 # Ollama's JSON grammar (llama.cpp's json.gbnf) has an object at its root; so does OpenAI's json_object mode.
@@ -26,18 +28,26 @@ JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
 
 
+_SPECIAL_MARK = b"\xff"  # llguidance's first byte of a special token (backends.base.special_piece)
+
+
 class GrammarError(ValueError):
     """`format` is not "json" nor a JSON schema the engine can compile; the message says why."""
 
 
 def grammar_for_format(fmt: Any) -> str | None:
-    """Ollama's `format` ("json", a JSON-schema object, ""/None for none) as an llguidance grammar."""
+    """Ollama's `format` ("json", a JSON-schema object, ""/None for none) as an llguidance grammar; a schema
+    is read as Ollama reads it (json_schema.ollama_semantics)."""
     if fmt is None or fmt == "":
         return None
     if fmt == "json":
         schema: Any = JSON_OBJECT_SCHEMA
     elif isinstance(fmt, dict):
-        schema = fmt
+        schema = ollama_semantics(fmt)
+        try:
+            check_finite(schema)
+        except SchemaError as e:
+            raise GrammarError(f"invalid JSON schema in format: {e}") from None
     else:
         raise GrammarError(f"invalid format: {json.dumps(fmt)}; expected \"json\" or a valid JSON Schema object")
     try:
@@ -86,17 +96,60 @@ class GrammarCompiler:
 
 
 class _VocabWrapper:
-    """The duck-typed tokenizer `llg.TokenizerWrapper` reads."""
+    """The duck-typed tokenizer `llg.TokenizerWrapper` reads. llguidance requires its tokenizer to spell exactly
+    the text it is given: a tokenization whose bytes differ (a SentencePiece `▁` prepended, a BOS) panics inside
+    its mask computation, which then allows only end-of-generation tokens, so a grammar ended in an empty reply."""
 
     def __init__(self, tokens: list[bytes], special_ids: list[int], eos: int, bos: int | None, encode) -> None:
         self.tokens, self.special_token_ids = tokens, special_ids
         self.eos_token_id, self.bos_token_id = eos, bos
         self._encode = encode
+        self._greedy: _GreedySpeller | None = None
+        self._warned = False
 
     def __call__(self, text: str) -> list[int]:
         if isinstance(text, bytes):  # llguidance probes with bytes first; we take text only
             raise TypeError("text only")
-        return self._encode(text)
+        ids = self._encode(text)
+        if spells(self.tokens, ids, text.encode("utf-8")):
+            return ids
+        # A tokenizer that breaks the contract of GrammarVocab.encode: spell it from the vocab instead.
+        if not self._warned:
+            self._warned = True
+            log.warning("the grammar tokenizer spelled %r as %r; using greedy longest-match tokenization",
+                        text, b"".join(self.tokens[i] for i in ids if 0 <= i < len(self.tokens)))
+        if self._greedy is None:
+            self._greedy = _GreedySpeller(self.tokens, set(self.special_token_ids))
+        return self._greedy.encode(text.encode("utf-8"))
+
+
+def spells(tokens: list[bytes], ids: list[int], data: bytes) -> bool:
+    """Whether `ids` are exactly the bytes `data` in this vocabulary."""
+    return all(0 <= i < len(tokens) for i in ids) and b"".join(tokens[i] for i in ids) == data
+
+
+class _GreedySpeller:
+    """Longest-match tokenization over the vocabulary's byte strings (special tokens excluded)."""
+
+    def __init__(self, tokens: list[bytes], special: set[int]) -> None:
+        self._ids: dict[bytes, int] = {}
+        for i in reversed(range(len(tokens))):  # the lowest id wins among equal byte strings
+            if i not in special and tokens[i]:
+                self._ids[tokens[i]] = i
+        self._longest = max(map(len, self._ids), default=1)
+
+    def encode(self, data: bytes) -> list[int]:
+        out, pos = [], 0
+        while pos < len(data):
+            for n in range(min(self._longest, len(data) - pos), 0, -1):
+                tid = self._ids.get(data[pos:pos + n])
+                if tid is not None:
+                    out.append(tid)
+                    pos += n
+                    break
+            else:
+                raise GrammarError(f"the vocabulary has no token for byte 0x{data[pos]:02x}")
+        return out
 
 
 def _build_lltokenizer(vocab: Any, vocab_size: int) -> llg.LLTokenizer:
@@ -104,7 +157,14 @@ def _build_lltokenizer(vocab: Any, vocab_size: int) -> llg.LLTokenizer:
     eos = [e for e in vocab.eos_ids if 0 <= e < vocab_size]
     if not eos:
         raise GrammarError("this model has no end-of-generation token, so a grammar could never end")
-    wrapper = _VocabWrapper(tokens, list(vocab.special_ids), eos[0], vocab.bos_id, vocab.encode)
+    special = set(vocab.special_ids)
+    # The engine ends a sequence on any end-of-generation id, so none may also stand for text in a grammar
+    # (phi-3's user-defined "</s>", Qwen2's normal "</s>"): a grammar would pick it mid-string and end the reply.
+    for e in eos:
+        if not tokens[e].startswith(_SPECIAL_MARK):
+            tokens[e] = _SPECIAL_MARK + (tokens[e] or f"<eos_{e}>".encode())
+        special.add(e)
+    wrapper = _VocabWrapper(tokens, sorted(special), eos[0], vocab.bos_id, vocab.encode)
     return llg.LLTokenizer(llg.TokenizerWrapper(wrapper), n_vocab=vocab_size, eos_token=eos)
 
 
@@ -130,17 +190,21 @@ class Constraint:
             self.start_after = None
 
     def consume(self, token: int) -> bool:
-        """Advance over a sampled token; False if the grammar rejects it (then the matcher is in error)."""
-        return bool(self.matcher.consume_token(token))
+        """Advance over a sampled token; False if the grammar rejects it or the matcher is in error.
+
+        A matcher that failed while computing its mask allows only end-of-generation tokens, and accepts the
+        one sampled: without the error check that ended the sequence as a normal, empty stop."""
+        return bool(self.matcher.consume_token(token)) and not self.matcher.is_error()
 
     @property
     def finished(self) -> bool:
         """The grammar is complete: nothing but EOS can follow."""
-        return self.matcher.is_stopped()
+        return self.matcher.is_stopped() and not self.matcher.is_error()
 
     @property
     def error(self) -> str:
-        return self.matcher.get_error()
+        """llguidance's error, first line only (the rest is its parser state and a backtrace)."""
+        return self.matcher.get_error().strip().split("\n", 1)[0]
 
     def fork(self) -> "Constraint":
         """An independent copy (n > 1 sequences sharing a prompt)."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 from array import array
+from typing import Callable
 
 from .sequence import Sequence
 
+log = logging.getLogger(__name__)
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
@@ -27,7 +30,8 @@ def block_key(parent: bytes, tokens: list[int]) -> bytes:
 class BlockManager:
     """Reference-counted KV blocks; full computed blocks are cached by prefix key until evicted (LRU)."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True,
+                 servable: Callable[[list[int]], int] | None = None) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -41,6 +45,10 @@ class BlockManager:
         # Blocks whose contents nobody will read again (freed uncached, or evicted from the cache) since the
         # engine last looked: a runner that keeps KV outside the block pool (llama.cpp) drops them.
         self.forgotten: list[int] = []
+        # A runner whose KV lives outside the pool says how much of a cached prefix it can still serve; a hit it
+        # cannot honour is cut there and recomputed (counted, never an error).
+        self.servable = servable
+        self.fallback_tokens = 0
 
     @property
     def num_free(self) -> int:
@@ -117,10 +125,20 @@ class BlockManager:
             raise RuntimeError(f"seq {seq.seq_id} already holds KV; a prefix is acquired only at admission")
         if not self.prefix_caching:
             return 0
+        hit: list[int] = []
         for i in range(min((seq.num_tokens - 1) // self.block_size, len(self._cached))):
             b = self._cached.get(self._seq_key(seq, i))
             if b is None:
                 break
+            hit.append(b)
+        if hit and self.servable is not None and (n := self.servable(hit)) < len(hit):
+            lost = len(hit) - n
+            self.fallback_tokens += lost * self.block_size
+            log.warning("seq %d: the runner no longer holds %d of the %d cached prefix blocks it was counted on for; "
+                        "recomputing them", seq.seq_id, lost, len(hit))
+            self.uncache(hit[n:])
+            del hit[n:]
+        for b in hit:
             if self._ref[b] == 0:
                 del self._lru[b]
             self._ref[b] += 1
@@ -129,6 +147,16 @@ class BlockManager:
         seq.num_computed = n
         seq.num_registered = len(seq.block_table)
         return n
+
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """Tokens a hit would serve `seq` now, taking no references (to order a queue by work left)."""
+        if not self.prefix_caching:
+            return 0
+        n = 0
+        while n < min((seq.num_tokens - 1) // self.block_size, len(self._cached)) and \
+                self._seq_key(seq, n) in self._cached:
+            n += 1
+        return n * self.block_size
 
     def release_prefix(self, seq: Sequence) -> None:
         """Undo `acquire_prefix` for a sequence that could not be admitted after all."""
@@ -175,7 +203,8 @@ class BlockManager:
         return out
 
     def uncache(self, blocks: list[int]) -> None:
-        """The runner lost these blocks' contents (llama.cpp dropped a cached sequence): no more hits on them."""
+        """The runner lost these blocks' contents (llama.cpp dropped a cached sequence): no more hits on them.
+        Free ones are also forgotten, so that cells the runner may still keep of them go before reuse."""
         for b in blocks:
             key = self._key[b]
             if key is None:
@@ -186,6 +215,7 @@ class BlockManager:
             if self._ref[b] == 0:
                 del self._lru[b]
                 self._free.append(b)
+                self.forgotten.append(b)
 
 
 class SlotPool:

@@ -1,7 +1,14 @@
-"""Decides each step: every running decode, then prompt chunks under the budget, then admissions.
+"""Decides each step: every running decode, then prompt chunks in rank order under the token budget.
 
 One rule covers prefill, chunking and recompute after preemption (as in vLLM v1): a sequence has
 `num_tokens` known and `num_computed` cached; a step advances some sequences' `num_computed`.
+
+Who gets the prompt budget (running partial prefills and queued requests alike, one order): the request's priority,
+then the least prompt left to compute (shortest remaining prefill first: a user's next question overtakes a
+document being ingested), then arrival. Aging bounds the wait: a prompt passed over `AGING_STEPS` steps in a row goes
+first (the oldest of such first; background priorities wait longer), and a request's first step always brings it a chunk of at
+least the budget's floor. A queued request that outranks a running prefill by far takes its slot when none is free;
+the prefill's computed blocks stay in the prefix cache, so it resumes where it stopped when a slot frees.
 """
 from __future__ import annotations
 
@@ -19,6 +26,14 @@ from .sequence import Sequence, Status
 # sequences run, keep at most as many cached tokens as they hold themselves (a step then pays at most twice its
 # own attention), but never fewer than this: a system prompt or a short document stays cached.
 MIN_CACHED_TOKENS = 1024
+
+# A prompt passed over this many steps in a row goes first for a step (x2 per background priority level, up to x16).
+AGING_STEPS = 2
+WAIT_SLOT, WAIT_KV, WAIT_PREFILL = "slot", "kv", "prefill"  # why a prompt got nothing this step
+
+
+def aging_limit(priority: int) -> int:
+    return AGING_STEPS << min(max(priority, 0), 4)
 
 
 def attention_pairs(start: int, n: int) -> int:
@@ -51,6 +66,9 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)
     cache_hit_tokens: int = 0  # tokens of this step's admissions served from the prefix cache
     cache_query_tokens: int = 0  # tokens of this step's admissions
+    fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve: recomputed
+    parked: list[Sequence] = field(default_factory=list)  # running prefills that gave their slot to a queued request
+    waiting: list[Sequence] = field(default_factory=list)  # prompts that got nothing this step (their .wait says why)
     held: int | None = None  # tokens cached by all sequences before the step, when the KV cache is shared
     evicted_cached: int = 0  # cached free blocks evicted so that a shared cache's steps stay cheap
 
@@ -99,17 +117,19 @@ class Scheduler:
         self.slots = SlotPool(config.max_num_seqs)
         self.policy = policy
         self.waiting: collections.deque[Sequence] = collections.deque()
-        self.running: list[Sequence] = []  # admission order: oldest first, preempted from the tail
+        self.running: list[Sequence] = []  # admission order: oldest first
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
+        seq.uncached_estimate = seq.num_tokens - self.blocks.cached_prefix_tokens(seq)
         self.waiting.append(seq)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        fallback_before = self.blocks.fallback_tokens
         if self.config.shared_kv:
             if self.running:
                 running = sum(s.num_computed for s in self.running)
@@ -118,7 +138,7 @@ class Scheduler:
             # cached prefixes nobody runs still occupy cells of the shared cache (llama.cpp's holders)
             plan.held = sum(s.num_computed for s in self.running) + self.blocks.num_cached_free * self.blocks.block_size
         scheduled: set[int] = set()
-        # 1. Decodes: one token each, never paused. Out of blocks -> preempt the newest sequence.
+        # 1. Decodes: one token each, never paused. Out of blocks -> preempt the least urgent sequence.
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or not seq.is_decoding:
                 continue
@@ -128,58 +148,102 @@ class Scheduler:
             plan.spans.append(ScheduledSpan(seq, 1))
             scheduled.add(seq.seq_id)
             plan.num_decodes += 1
-        nxt = next((s for s in self.running if s.seq_id not in scheduled and s.status is Status.RUNNING), None)
-        if nxt is None and self.waiting:
-            nxt = self.waiting[0]
-        allowance = self._allowance(plan, nxt) if nxt else 0
-        hard_left = (self.config.max_step_tokens - plan.num_decodes) if self.config.max_step_tokens else None
-        plan.budget = plan.num_decodes + allowance
-        monolithic = self.config.prefill_mode == "monolithic"
-        # 2. Partial prefills (and recomputes) of running sequences, FCFS.
-        for seq in list(self.running):
-            if seq.seq_id in scheduled or seq.status is not Status.RUNNING:
-                continue
-            chunk = self._cap(self._chunk(seq, allowance, monolithic, first=not plan.prefill_tokens), hard_left, plan)
-            if chunk <= 0:
-                continue
-            n = chunk if monolithic else min(chunk, self.blocks.max_new_tokens(seq))
-            if n <= 0 or not self.blocks.can_allocate(seq, n):
-                if not self._make_room(seq, chunk if monolithic else 1, plan, scheduled):
-                    continue
-                n = chunk if monolithic else min(chunk, self.blocks.max_new_tokens(seq))
-            self._add_prefill(plan, seq, n, scheduled)
-            allowance -= n
-        # 3. Admissions, FCFS, while slots, blocks and budget allow; none in a step that preempted.
-        while self.waiting and not plan.preempted and self.slots.num_free:
-            seq = self.waiting[0]
-            hit = self.blocks.acquire_prefix(seq)  # a cached prefix counts as computed: no special case below
-            n = self._cap(self._chunk(seq, allowance, monolithic, first=not plan.prefill_tokens), hard_left, plan)
-            if n <= 0 or not self.blocks.can_allocate(seq, n):
-                self.blocks.release_prefix(seq)
-                break
-            if seq.t_first_scheduled is None:
-                seq.metrics.cached_tokens = min(hit, len(seq.prompt_ids))
-            plan.cache_hit_tokens += hit
-            plan.cache_query_tokens += seq.num_tokens
-            self.waiting.popleft()
-            seq.slot = self.slots.acquire()
-            seq.status = Status.RUNNING
-            self.running.append(seq)
-            self._add_prefill(plan, seq, n, scheduled)
-            allowance -= n
+        self._schedule_prompts(plan, scheduled)
+        plan.fallback_tokens = self.blocks.fallback_tokens - fallback_before
         return plan
 
-    def _chunk(self, seq: Sequence, allowance: int, monolithic: bool, first: bool) -> int:
-        left = seq.num_uncomputed
-        if monolithic:
-            # Whole prompts only; at least one per step even if it exceeds the budget.
-            return left if first or left <= allowance else 0
-        cap = self.config.max_prefill_chunk or left
-        return min(left, allowance, cap)
+    def remaining(self, seq: Sequence) -> int:
+        """Prompt tokens `seq` has left to compute (a queued one: as estimated, cache hits counted, when queued)."""
+        return seq.num_uncomputed if seq.status is Status.RUNNING else seq.uncached_estimate
 
-    @staticmethod
-    def _cap(n: int, hard_left: int | None, plan: StepPlan) -> int:
-        """Never exceed the backend's per-forward limit (a monolithic prompt beyond it is split there)."""
+    def rank(self, seq: Sequence) -> tuple[int, int, int]:
+        return seq.priority, self.remaining(seq), seq.t_arrival
+
+    def _prompt_order(self, scheduled: set[int]) -> list[Sequence]:
+        """Running prefills (and recomputes) and queued requests in the order they get the prompt budget."""
+        partial = [s for s in self.running if s.seq_id not in scheduled and s.status is Status.RUNNING]
+        if self.config.prefill_mode == "monolithic":  # the baseline: first come, first served
+            return partial + list(self.waiting)
+        # the starved first, oldest first (under overload the queue of short prompts ages too); then by rank
+        return sorted(partial + list(self.waiting),
+                      key=lambda s: (0, s.t_arrival, 0) if s.skipped >= aging_limit(s.priority) else (1, *self.rank(s)))
+
+    def _schedule_prompts(self, plan: StepPlan, scheduled: set[int]) -> None:
+        hard_left = (self.config.max_step_tokens - plan.num_decodes) if self.config.max_step_tokens else None
+        order = self._prompt_order(scheduled)
+        for pos, seq in enumerate(order):
+            queued = seq.status is Status.WAITING
+            if queued and (plan.preempted or not self._slot_for(seq, plan, scheduled)):
+                seq.wait = (pos + 1, WAIT_KV if plan.preempted else WAIT_SLOT)  # none admitted in a preempting step
+                continue
+            hit = self.blocks.acquire_prefix(seq) if queued else 0  # a cached prefix counts as computed
+            n = self._chunk(seq, plan, hard_left)
+            if not plan.spans[plan.num_decodes:]:
+                plan.budget = plan.num_decodes + n
+            reason = WAIT_PREFILL
+            if n > 0 and not self.blocks.can_allocate(seq, n):
+                if queued:
+                    n, reason = 0, WAIT_KV
+                elif self._make_room(seq, 1, plan, scheduled):
+                    n = min(n, self.blocks.max_new_tokens(seq))
+                else:
+                    continue  # it was preempted itself
+            if n <= 0:
+                if queued:
+                    self.blocks.release_prefix(seq)
+                seq.wait = (pos + 1, reason)
+                continue
+            if queued:
+                self._admit(seq, hit, plan)
+            self._add_prefill(plan, seq, n, scheduled)
+        for pos, seq in enumerate(order):
+            if seq.seq_id in scheduled:
+                seq.skipped, seq.wait = 0, None
+            else:
+                seq.skipped += 1
+                if seq.status is not Status.FINISHED:
+                    plan.waiting.append(seq)
+        plan.budget = max(plan.budget, plan.num_tokens)
+
+    def _admit(self, seq: Sequence, hit: int, plan: StepPlan) -> None:
+        if seq.t_first_scheduled is None:
+            seq.metrics.cached_tokens = min(hit, len(seq.prompt_ids))
+        plan.cache_hit_tokens += hit
+        plan.cache_query_tokens += seq.num_tokens
+        self.waiting.remove(seq)
+        seq.slot = self.slots.acquire()
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
+    def _slot_for(self, seq: Sequence, plan: StepPlan, scheduled: set[int]) -> bool:
+        """A free slot, or the slot of a running prefill that `seq` outranks by far (same priority: twice the work
+        left), parked: its computed blocks stay cached and it is readmitted when a slot frees."""
+        if self.slots.num_free:
+            return True
+        if self.config.prefill_mode == "monolithic":
+            return False
+        mine = self.remaining(seq)
+        victims = [v for v in self.running if v.seq_id not in scheduled and not v.is_decoding
+                   and (v.priority > seq.priority or (v.priority == seq.priority and self.remaining(v) > 2 * mine))]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda v: (v.priority, self.remaining(v)))
+        self.preempt(victim)
+        plan.parked.append(victim)
+        return True
+
+    def _chunk(self, seq: Sequence, plan: StepPlan, hard_left: int | None) -> int:
+        """How many of `seq`'s tokens this step takes, given what it already holds."""
+        left = seq.num_uncomputed
+        offer = self._offer(plan, seq)
+        if self.config.prefill_mode == "monolithic":
+            # Whole prompts only; at least one per step even if it exceeds the budget.
+            n = left if not plan.prefill_tokens or left <= offer else 0
+        else:
+            if offer <= 0 and seq.t_first_scheduled is None:  # a request's first step always brings it a chunk
+                offer = min(self.policy.floor, self.policy.max_tokens - plan.num_tokens)
+            n = min(left, offer, self.config.max_prefill_chunk or left)
+        # never exceed the backend's per-forward limit (a monolithic prompt beyond it is split there)
         return n if hard_left is None else min(n, hard_left - plan.prefill_tokens)
 
     def _add_prefill(self, plan: StepPlan, seq: Sequence, n: int, scheduled: set[int]) -> None:
@@ -188,23 +252,26 @@ class Scheduler:
         plan.prefill_tokens += n
         scheduled.add(seq.seq_id)
 
-    def _allowance(self, plan: StepPlan, nxt: Sequence) -> int:
-        """The policy's prompt budget, told what the decodes and a chunk of P tokens will attend."""
-        d = plan.num_decodes
+    def _offer(self, plan: StepPlan, seq: Sequence) -> int:
+        """The policy's tokens for one more chunk (of `seq`), told what the step already attends."""
+        d, planned, spans = plan.num_decodes, plan.prefill_tokens, len(plan.spans) - plan.num_decodes
         if plan.held is None:
-            decode_work = sum(s.seq.num_computed + 1 for s in plan.spans)
-            return self.policy.prefill_budget(d, decode_work, nxt.num_computed)
-        # (d + P) * (held + d + P) = d*(held + d) + P*(held + 2d) + P^2, in the policy's P*start + quad*P*(P+1) form
-        h = plan.held
-        return self.policy.prefill_budget(d, shared_attention_pairs(h, d), h + 2 * d - 1, quad=1.0)
+            work = sum(attention_pairs(s.seq.num_computed, s.num_tokens) for s in plan.spans)
+            return self.policy.prefill_budget(d, work, seq.num_computed, planned=planned, spans=spans)
+        # (T + P) * (held + T + P) = T*(held + T) + P*(held + 2T) + P^2 with T tokens planned, in the policy's
+        # P*start + quad*P*(P+1) form
+        t, h = d + planned, plan.held
+        return self.policy.prefill_budget(d, shared_attention_pairs(h, t), h + 2 * t - 1, quad=1.0, planned=planned,
+                                          spans=spans)
 
     def _make_room(self, seq: Sequence, n: int, plan: StepPlan, scheduled: set[int]) -> bool:
-        """Preempt the newest running sequences until `seq` can take `n` tokens; False if `seq` itself went."""
+        """Preempt the least urgent running sequences (prefills before decodes, then the newest) until `seq` can take
+        `n` tokens; False if `seq` itself went."""
         while not self.blocks.can_allocate(seq, n):
             victims = [s for s in self.running if s.seq_id not in scheduled]
-            victim = victims[-1] if victims else None
-            if victim is None:
+            if not victims:
                 return False
+            victim = max(victims, key=lambda v: (v.priority, not v.is_decoding, v.t_arrival))
             self.preempt(victim)
             plan.preempted.append(victim)
             if victim is seq:
@@ -217,6 +284,7 @@ class Scheduler:
         seq.num_computed = 0
         seq.status = Status.WAITING
         seq.metrics.preemptions += 1
+        seq.uncached_estimate = seq.num_tokens - self.blocks.cached_prefix_tokens(seq)
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:

@@ -103,7 +103,7 @@ class Sequence:
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
                  stream: RequestStream | None = None, seq_id: int | None = None,
-                 user: dict[str, Any] | None = None) -> None:
+                 user: dict[str, Any] | None = None, priority: int = 0) -> None:
         self.seq_id = seq_id if seq_id is not None else next(_ids)
         self.prompt_ids = list(prompt_ids)
         self.output_ids: list[int] = []
@@ -118,7 +118,12 @@ class Sequence:
         self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (kv.BlockManager memo)
         self.num_registered = 0  # leading blocks of block_table already in the prefix cache
         self.finish_reason: str | None = None
-        self.abort_requested = False
+        self.priority = priority  # lower runs sooner (vLLM's convention); 0 = normal
+        # prefill order (scheduler.py): the uncached prompt as estimated when it was queued, how many steps in a
+        # row it has been passed over, and why it waits now ((position, reason) or None while it runs)
+        self.uncached_estimate = len(self.prompt_ids)
+        self.skipped = 0
+        self.wait: tuple[int, str] | None = None
         self.metrics = RequestMetrics(prompt_eval_count=len(self.prompt_ids))
         self.t_arrival = time.perf_counter_ns()
         self.t_first_scheduled: int | None = None

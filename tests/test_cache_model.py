@@ -1,0 +1,160 @@
+"""Model-based test of the engine and the runners' KV caches (hypothesis' stateful testing).
+
+Random requests that share prefixes of random lengths with a few documents (block boundaries included) arrive while
+others run; some are aborted; small KV pools force preemptions and LRU evictions, and llama.cpp's parked streams and
+holder ids are taken over. After every engine step the engine's view of the cache and the runner's agree, and every
+request that finished equals its solo greedy output (the same prompt alone on a second runner, no cache).
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                run_state_machine_as_test)
+
+from evenflow.backends.base import RunnerSettings, load_runner
+from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
+
+BS = 4
+DOC_LEN = 48
+HAS = {"llamacpp": importlib.util.find_spec("llama_cpp"), "torch": importlib.util.find_spec("torch"),
+       "mlx": importlib.util.find_spec("mlx")}
+# (backend, KV layout, engine block pool): the llama.cpp streams layout gives every slot a whole window, so its
+# pressure comes from the LRU evicting parked streams; the other pools are small enough to preempt.
+CONFIGS = [
+    pytest.param(("llamacpp", "streams", None), id="llamacpp-streams"),
+    pytest.param(("llamacpp", "unified", 40), id="llamacpp-unified"),
+    pytest.param(("torch", None, 40), id="torch"),
+    pytest.param(("mlx", None, 40), id="mlx"),
+]
+
+
+def _settings(layout: str | None, blocks: int | None) -> RunnerSettings:
+    # f32 KV and flash attention off: logits do not depend on how a pass is batched (test_engine_backends)
+    return RunnerSettings(max_num_seqs=4, block_size=BS, num_kv_blocks=blocks, context_length=96,
+                          max_num_batched_tokens=64, num_threads=2, dtype="float32", flash_attention="off",
+                          kv_layout=layout)
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def runners(request, synthetic_model):
+    backend, layout, blocks = request.param
+    if not HAS[backend]:
+        pytest.skip(f"{backend} is not installed")
+    fmt = "gguf" if backend == "llamacpp" else "hf"
+    path = str(synthetic_model("tiny", "llama", formats=(fmt,), gguf_dtype="f32", qk_std=0.3)[fmt])
+    warm = load_runner(backend, path, _settings(layout, blocks))
+    solo = load_runner(backend, path, _settings(layout, None if backend == "llamacpp" else 64))
+    yield warm, solo
+    warm.close()
+    solo.close()
+
+
+def audit(engine: Engine) -> None:
+    """The engine's and the runner's views of the KV cache agree (and the block pool is self-consistent)."""
+    bm, runner = engine.blocks, engine.runner
+    running = engine.scheduler.running
+    refs = [0] * bm.num_blocks
+    for seq in running:
+        for b in seq.block_table:
+            refs[b] += 1
+        assert len(seq.block_table) * BS >= seq.num_computed
+    assert refs == [bm.refcount(b) for b in range(bm.num_blocks)], "a block is held by nobody or counted twice"
+    assert bm.num_free + sum(r > 0 for r in refs) == bm.num_blocks
+    cells = getattr(runner, "_cells", None)
+    if cells is None:  # torch / MLX: the KV memory *is* the engine's blocks
+        return
+    cached = set(bm._cached.values())
+    held = {b for b, where in cells._where.items() if where}
+    assert cached <= held, f"the engine counts on blocks llama.cpp no longer holds: {sorted(cached - held)}"
+    known = {b for b in range(bm.num_blocks) if refs[b] or bm._key[b] is not None} | set(bm.forgotten)
+    assert held <= known, f"llama.cpp holds cells of blocks the engine forgot: {sorted(held - known)}"
+    for seq in running:
+        assert runner.cached_tokens(seq.slot) == seq.num_computed, seq
+        full = seq.num_computed // BS
+        assert runner.servable_prefix(seq.block_table[:full]) == full, seq
+
+
+class CacheMachine(RuleBasedStateMachine):
+    warm: Any = None
+    solo: Any = None
+    oracle: dict[tuple[tuple[int, ...], int], tuple[list[int], str]] = {}
+
+    @initialize(docs=st.lists(st.lists(st.integers(3, 1900), min_size=DOC_LEN, max_size=DOC_LEN),
+                              min_size=3, max_size=3))
+    def start(self, docs: list[list[int]]) -> None:
+        self.docs = docs
+        self.engine = Engine(self.warm, EngineConfig(max_num_batched_tokens=24))
+        self.finished: list[int] = []
+        self.engine.subscribe(lambda ev: ev["type"] == "request" and ev["event"] == "finished"
+                              and self.finished.append(ev["seq_id"]))
+        self.live: dict[int, tuple[list[int], int, Any]] = {}
+
+    @rule(doc=st.integers(0, 2), blocks=st.integers(0, DOC_LEN // BS), off=st.sampled_from([0, 0, 1, 3]),
+          tail=st.lists(st.integers(3, 1900), min_size=1, max_size=12), n=st.integers(1, 6))
+    def submit(self, doc: int, blocks: int, off: int, tail: list[int], n: int) -> None:
+        prompt = self.docs[doc][: min(blocks * BS + off, DOC_LEN)] + tail
+        stream = self.engine.submit(prompt, SamplingParams(temperature=0, num_predict=n), loop=None)
+        self.live[stream.seq_id] = (prompt, n, stream)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        self.engine.abort(data.draw(st.sampled_from(sorted(self.live))))
+
+    @rule(steps=st.integers(1, 4))
+    def step(self, steps: int) -> None:
+        for _ in range(steps):
+            self.engine.run_once()
+            audit(self.engine)
+            self._check_finished()
+
+    def _check_finished(self) -> None:
+        for seq_id in self.finished:
+            prompt, n, stream = self.live.pop(seq_id)
+            deltas = list(stream)
+            reason = deltas[-1].done_reason
+            assert reason != "error", deltas[-1].error
+            if reason == "abort":
+                continue
+            got = [t for d in deltas for t in d.token_ids]
+            assert (got, reason) == self._solo(prompt, n), f"prompt of {len(prompt)} tokens differs from its solo run"
+        self.finished.clear()
+
+    def _solo(self, prompt: list[int], n: int) -> tuple[list[int], str]:
+        key = (tuple(prompt), n)
+        if key not in self.oracle:
+            engine = Engine(self.solo, EngineConfig(max_num_batched_tokens=24, prefix_caching=False))
+            stream = engine.submit(prompt, SamplingParams(temperature=0, num_predict=n), loop=None)
+            while engine.run_once():
+                pass
+            deltas = list(stream)
+            self.oracle[key] = ([t for d in deltas for t in d.token_ids], deltas[-1].done_reason)
+        return self.oracle[key]
+
+    @invariant()
+    def nothing_lost(self) -> None:
+        if hasattr(self, "engine"):
+            assert self.engine.blocks.fallback_tokens == 0, "a prefix hit had to be recomputed"
+
+    def teardown(self) -> None:
+        if not hasattr(self, "engine"):
+            return
+        while self.engine.run_once():
+            audit(self.engine)
+            self._check_finished()
+        self._check_finished()
+        assert not self.live
+        assert self.engine.stats().kv_blocks_used == 0
+
+
+def test_concurrent_cached_chunked_and_preempted_runs_equal_solo_greedy(runners):
+    CacheMachine.warm, CacheMachine.solo = runners
+    CacheMachine.oracle = {}
+    run_state_machine_as_test(CacheMachine, settings=settings(
+        max_examples=12, stateful_step_count=30, deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]))

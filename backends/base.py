@@ -190,6 +190,10 @@ class UnsupportedArchitecture(ModelLoadError):
     pass
 
 
+class InsufficientMemory(ModelLoadError):
+    """The files are fine but this machine cannot hold the model now (a server condition, not bad input)."""
+
+
 Loader = Callable[[str, RunnerSettings], Runner]
 _BACKENDS: dict[str, Callable[[], Loader]] = {}
 

@@ -211,5 +211,6 @@ def add_parser(sub: Any) -> None:
                      help="thinking (for models that support it)")
     run.add_argument("--hidethinking", action="store_true", help="do not print the thinking")
     run.add_argument("--nowordwrap", action="store_true", help="do not wrap words at the terminal width")
-    run.add_argument("--insecure", action="store_true", help="use plain http if the model must be pulled")
+    run.add_argument("--insecure", action="store_true",
+                     help="allow a plain-HTTP registry named http://host/... if the model must be pulled")
     run.set_defaults(func=cmd_run)

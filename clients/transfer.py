@@ -224,7 +224,8 @@ def add_parsers(sub: Any) -> None:
                                  ("push", "push a model to a registry", cmd_push)):
         p = sub.add_parser(verb, help=helptext)
         p.add_argument("model")
-        p.add_argument("--insecure", action="store_true", help="use plain http for the registry")
+        p.add_argument("--insecure", action="store_true",
+                       help="allow a plain-HTTP registry, named http://host/namespace/model (https is never downgraded)")
         p.set_defaults(func=func)
     cr = sub.add_parser("create", help="create a model from a Modelfile")
     cr.add_argument("model")

@@ -279,6 +279,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "largest request body (blob uploads excepted); bigger ones get 413 (default 32)"),
     SettingSpec("noprune", _twin("OLLAMA_NOPRUNE"), _parse_bool, "1/0 or true/false",
                 "do not delete unreferenced blobs at start-up", is_flag=True),
+    SettingSpec("no_access_log", ("EVENFLOW_NO_ACCESS_LOG",), _parse_bool, "1/0 or true/false",
+                "do not log one line per request (status, duration, client, method, path) at INFO", is_flag=True),
     SettingSpec("api_key", ("EVENFLOW_API_KEY",), _api_key, "16 or more printable ASCII characters, no spaces",
                 "require `Authorization: Bearer <key>` on every endpoint but GET / (default: the key file's key, "
                 "if there is one)"),
@@ -334,6 +336,7 @@ class Settings:
     no_demo: bool = False
     max_body_mb: int = 32
     noprune: bool = False
+    no_access_log: bool = False
     api_key: str | None = field(default=None, repr=False)
     api_key_file: Path = field(default_factory=default_key_file)
     insecure_no_auth: bool = False

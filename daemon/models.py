@@ -9,11 +9,12 @@ import asyncio
 import logging
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..backends.base import ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
+from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
 from .api.errors import SERVER_BUSY, APIError
 from .config import FOREVER, Settings
 
@@ -248,8 +249,10 @@ class ModelManager:
                  self.slots or "auto")
         try:
             runner = await asyncio.to_thread(self.loader, backend, record.path, rs)
-        except ModelLoadError as e:
-            raise APIError(500, f"failed to load model {record.name!r}: {e}") from None
+        except InsufficientMemory as e:
+            raise APIError(500, f"failed to load model {record.name!r}: {public_text(str(e), record.path)}") from None
+        except ModelLoadError as e:  # the model's files are bad or unsupported: the same answer every time
+            raise APIError(400, f"failed to load model {record.name!r}: {public_text(str(e), record.path)}") from None
         except (OSError, ValueError, RuntimeError):
             log.exception("loading %s with backend %s failed", record.name, backend)  # its text may hold paths
             raise APIError(500, f"failed to load model {record.name!r} with backend {backend}: internal error "
@@ -317,6 +320,19 @@ def _close(model: LoadedModel) -> None:
             model.runner.close()
         except Exception:  # noqa: BLE001 - freeing must not fail the caller
             log.exception("closing the runner of %s failed", model.name)
+
+
+_BLOB_PATH = re.compile(r"(?:[^\s'\"]*[/\\])?blobs[/\\]sha256-([0-9a-fA-F]{64})")
+
+
+def public_text(text: str, model_path: str) -> str:
+    """A load error for a client: the model's store paths become its blob digest or its file names."""
+    base = os.path.basename(model_path.rstrip("/\\"))
+    if base.startswith("sha256-"):
+        text = text.replace(model_path, "sha256:" + base[len("sha256-"):])
+    else:  # a materialised HF folder: its files by their own names
+        text = text.replace(model_path.rstrip("/\\") + os.sep, "").replace(model_path, "the model folder")
+    return _BLOB_PATH.sub(lambda m: "sha256:" + m.group(1).lower(), text)
 
 
 def _memory_size(record: ModelRecord, runner: Runner) -> int:

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI
 
 from . import memory
+from .api.access_log import AccessLogMiddleware
 from .api.errors import install_handlers
 from .api.events import EventHub
 from .api.guard import GuardMiddleware
@@ -121,6 +122,8 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
     app.add_middleware(GuardMiddleware, origins=settings.origins, loopback=settings.host.is_loopback,
                        is_closing=lambda: ctx.closing, on_response=metrics.observe_response,
                        api_key=settings.api_key, on_complete=on_complete)
+    if not settings.no_access_log:  # outermost: the guard's refusals are requests too
+        app.add_middleware(AccessLogMiddleware)
     return app
 
 

@@ -35,7 +35,7 @@ from .tools import TOOL_CALL_PREFIX, TOOL_CALL_SUFFIX, extract_tool_calls, parse
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_TEMPLATE", "Budget", "SuffixNotSupported", "TemplateBudgetExceeded", "TemplateCancelled", "TOOL_CALL_PREFIX", "TOOL_CALL_SUFFIX", "TemplateError", "check_template",
+    "DEFAULT_TEMPLATE", "MAX_OUTPUT", "Budget", "SuffixNotSupported", "TemplateBudgetExceeded", "TemplateCancelled", "TOOL_CALL_PREFIX", "TOOL_CALL_SUFFIX", "TemplateError", "check_template",
     "extract_tool_calls", "fold_system_into_user", "is_go_template", "parse_tool_calls", "prepare_chat_messages",
     "render_chat", "render_generate", "render_go_chat", "render_messages", "template_capabilities", "thinking_tags",
     "tool_format_for",
@@ -187,6 +187,11 @@ def _compile_jinja(template: str) -> jinja2.Template:
         return _jinja_env().from_string(template)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"template syntax error at line {e.lineno}: {e.message}") from None
+    except (RecursionError, SyntaxError, MemoryError):
+        # jinja2's parser recurses per nested expression, and the Python it generates has a block per
+        # nested statement: Python stops at 20 nested loops and 100 indentation levels
+        raise TemplateError("template nesting too deep: blocks or expressions inside one another go deeper "
+                            "than Jinja can compile") from None
 
 
 def _call_id(raw: Any, salt: str, strict9: bool) -> str:
@@ -334,15 +339,16 @@ def prepare_chat_messages(messages: Iterable[dict[str, Any]], *, model_system: s
 def render_generate(template: str | None, prompt: str, *, system: str | None = None, model_system: str | None = None,
                     model_messages: Iterable[dict[str, Any]] = (), suffix: str | None = None,
                     images: int = 0, bos_token: str = "", eos_token: str = "", think: bool | str | None = None,
-                    has_context: bool = False) -> str:
-    """/api/generate prompt (non-raw): system from the request else the model; suffix needs `.Suffix`."""
+                    has_context: bool = False, budget: Budget | None = None) -> str:
+    """/api/generate prompt (non-raw): system from the request else the model; suffix needs `.Suffix`; the
+    render's work within `budget`."""
     go = is_go_template(template)
     if suffix:
         if not go or "suffix" not in _go_vars(template or DEFAULT_TEMPLATE):
             raise SuffixNotSupported("this model does not support insert: its template has no .Suffix")
         values = {"Prompt": prompt, "Suffix": suffix, "Response": "", "Think": bool(think),
                   "ThinkLevel": think if isinstance(think, str) else "", "IsThinkSet": think is not None}
-        return gotemplate.execute(_go_nodes(template or DEFAULT_TEMPLATE), values, Budget())
+        return gotemplate.execute(_go_nodes(template or DEFAULT_TEMPLATE), values, budget or Budget())
     msgs: list[dict[str, Any]] = []
     if system or model_system:
         msgs.append({"role": "system", "content": system or model_system})
@@ -350,4 +356,4 @@ def render_generate(template: str | None, prompt: str, *, system: str | None = N
         msgs.extend(dict(m) for m in model_messages)
     content = "".join(f"[img-{i}] " for i in range(images)) + prompt
     msgs.append({"role": "user", "content": content})
-    return render_messages(template, msgs, bos_token=bos_token, eos_token=eos_token, think=think)
+    return render_messages(template, msgs, bos_token=bos_token, eos_token=eos_token, think=think, budget=budget)

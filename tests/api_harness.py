@@ -100,3 +100,55 @@ class StepGate:
     def close(self) -> None:
         self.open()
         self.runner.step = self._step
+
+
+@dataclass
+class ServedDaemon:
+    """`evenflow serve` in a child process: what a crash would kill is that process, never the test run."""
+
+    url: str
+    proc: Any  # subprocess.Popen
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except Exception:  # noqa: BLE001 - a stuck child is killed
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serve_daemon(tmp: Path, *args: str, **env: str) -> ServedDaemon:
+    """Run `evenflow serve` on a free loopback port with its store under `tmp`; `env` adds EVENFLOW_* settings.
+    Its stdout and stderr go to tmp/daemon.log."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    full_env = {**os.environ, "EVENFLOW_HOST": f"127.0.0.1:{port}", "EVENFLOW_NO_DEMO": "1",
+                "EVENFLOW_MODELS": str(tmp / "models"), "EVENFLOW_OLLAMA_STORE": str(tmp / "no-ollama"), **env}
+    log_path = tmp / "daemon.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve", *args], env=full_env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    d = ServedDaemon(f"http://127.0.0.1:{port}", proc, log_path)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and d.alive():
+        try:
+            if httpx.get(d.url + "/", timeout=1).status_code == 200:
+                return d
+        except httpx.TransportError:
+            time.sleep(0.1)
+    d.stop()
+    raise RuntimeError(f"evenflow serve did not start:\n{d.log()[-3000:]}")

@@ -98,7 +98,7 @@ def test_cli_pull_and_push(daemon: Daemon, tmp_path: Path, synthetic_model) -> N
     reg = Registry()
     try:
         raw = reg.add_model("library", "tiny", "latest", gguf)
-        out = cli(daemon, "pull", f"{reg.host}/library/tiny", "--insecure")
+        out = cli(daemon, "pull", f"http://{reg.host}/library/tiny", "--insecure")
         assert out.returncode == 0, out.stderr
         digest = json.loads(raw)["layers"][0]["digest"]
         lines = out.stderr.splitlines()
@@ -107,10 +107,10 @@ def test_cli_pull_and_push(daemon: Daemon, tmp_path: Path, synthetic_model) -> N
         assert "verifying sha256 digest" in lines and "writing manifest" in lines
         out = cli(daemon, "cp", f"{reg.host}/library/tiny", f"{reg.host}/me/copy:v2")
         assert out.returncode == 0, out.stderr
-        out = cli(daemon, "push", f"{reg.host}/me/copy:v2", "--insecure")
+        out = cli(daemon, "push", f"http://{reg.host}/me/copy:v2", "--insecure")
         assert out.returncode == 0 and out.stderr.splitlines()[-1] == "success", out.stderr
         assert reg.manifests[("me", "copy", "v2")] == raw
-        out = cli(daemon, "pull", f"{reg.host}/library/absent", "--insecure")
+        out = cli(daemon, "pull", f"http://{reg.host}/library/absent", "--insecure")
         assert out.returncode == 1 and "Error: pull model manifest: file does not exist" in out.stderr
     finally:
         reg.close()

@@ -130,3 +130,38 @@ def test_bench_client_carries_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _client("http://127.0.0.1:1", 5.0, 1).headers["authorization"] == f"Bearer {KEY}"
     monkeypatch.delenv("EVENFLOW_API_KEY")
     assert "authorization" not in _client("http://127.0.0.1:1", 5.0, 1).headers
+
+
+def _raw_status(url: str, header_lines: list[bytes]) -> tuple[int, bytes]:
+    """GET /api/tags with these header lines sent byte for byte (clients normalise what this test needs exact)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(b"GET /api/tags HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + b"".join(
+            line + b"\r\n" for line in header_lines) + b"\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def test_the_bearer_rule(daemon: Daemon) -> None:
+    # issue 27: the rule, decided. RFC 6750's grammar: "Bearer" 1*SP token, the scheme case-insensitive; the spaces
+    # around a field value are not part of it (RFC 9110 OWS). A second Authorization field is refused.
+    k = KEY.encode()
+    accepted = [b"Authorization: Bearer " + k, b"Authorization: Bearer  " + k, b"Authorization: Bearer " + k + b" ",
+                b"Authorization: BEARER " + k, b"authorization:   Bearer " + k + b"\t"]
+    refused = [b"Authorization: Bearer\t" + k, b"Authorization: Bearer " + k + b" extra", b"Authorization: Bearer" + k,
+               b"Authorization: Bearer " + k + b"x", b"Authorization: Bearer ", b"Authorization: Token " + k]
+    for line in accepted:
+        assert _raw_status(daemon.url, [line])[0] == 200, line
+    for line in refused:
+        assert _raw_status(daemon.url, [line])[0] == 401, line
+    good = b"Authorization: Bearer " + k
+    for pair in ([good, good], [good, b"Authorization: Bearer wrong-key-0123456789"],
+                 [b"Authorization: Bearer wrong-key-0123456789", good]):
+        status, body = _raw_status(daemon.url, pair)
+        assert status == 401 and b"more than one Authorization header" in body, (pair, body)

@@ -36,8 +36,14 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(cached_model(make_spec("tiny"), ("gguf",), "f32")["gguf"])
 
 
+def plain(name: str) -> str:
+    """The test registry speaks plain HTTP: a name says so with http://, and only with it does insecure apply."""
+    return name if "://" in name else "http://" + name
+
+
 def pull_lines(url: str, model: str, **extra: Any) -> list[dict[str, Any]]:
-    with httpx.stream("POST", url + "/api/pull", json={"model": model, "insecure": True, **extra}, timeout=120) as r:
+    body = {"model": plain(model), "insecure": True, **extra}
+    with httpx.stream("POST", url + "/api/pull", json=body, timeout=120) as r:
         assert r.status_code == 200, r.read()
         return [json.loads(line) for line in r.iter_lines() if line]
 
@@ -113,7 +119,7 @@ def wait_until(cond: Any, what: str, timeout: float = 60) -> None:
 
 def pull_then_leave(url: str, name: str, digest: str) -> None:
     """Start a pull and hang up once the daemon reports the blob `digest` (its download is under way)."""
-    with httpx.stream("POST", url + "/api/pull", json={"model": name, "insecure": True}, timeout=120) as r:
+    with httpx.stream("POST", url + "/api/pull", json={"model": plain(name), "insecure": True}, timeout=120) as r:
         for line in r.iter_lines():
             if line and json.loads(line).get("digest") == digest:
                 return
@@ -160,7 +166,7 @@ def test_digest_mismatch_fails_and_leaves_no_manifest(daemon: Daemon, registry: 
     assert err.startswith(f"digest mismatch, file must be downloaded again: want {digest}, got sha256:")
     assert name not in [m.model for m in ollama.Client(host=daemon.url).list().models]
     assert not list((store_root(daemon) / "blobs").glob(f"sha256-{digest[7:]}*"))
-    r = httpx.post(daemon.url + "/api/pull", json={"model": name, "insecure": True, "stream": False}, timeout=60)
+    r = httpx.post(daemon.url + "/api/pull", json={"model": plain(name), "insecure": True, "stream": False}, timeout=60)
     assert r.status_code == 500 and r.json()["error"].startswith("digest mismatch")
 
 
@@ -168,7 +174,7 @@ def test_missing_model_offline_and_bad_names(daemon: Daemon, registry: Registry)
     lines = pull_lines(daemon.url, f"{registry.host}/library/nope:latest")
     assert lines == [{"status": "pulling manifest"}, {"error": "pull model manifest: file does not exist"}]
     with pytest.raises(ollama.ResponseError, match="file does not exist"):
-        ollama.Client(host=daemon.url).pull(f"{registry.host}/library/nope", insecure=True)
+        ollama.Client(host=daemon.url).pull(f"http://{registry.host}/library/nope", insecure=True)
     registry.close()  # nothing listens there any more
     err = pull_lines(daemon.url, f"{registry.host}/library/tiny")[-1]["error"]
     assert "cannot reach the registry at " + registry.host in err
@@ -201,7 +207,7 @@ def test_concurrent_pulls_share_one_download(daemon: Daemon, registry: Registry,
     first = threading.Thread(target=lambda: results.append(pull_lines(daemon.url, name)))
     first.start()
     assert registry.ranged.wait(60)
-    with httpx.stream("POST", daemon.url + "/api/pull", json={"model": name, "insecure": True}, timeout=120) as r:
+    with httpx.stream("POST", daemon.url + "/api/pull", json={"model": plain(name), "insecure": True}, timeout=120) as r:
         lines = r.iter_lines()
         second = []
         for line in lines:  # the second pull is waiting on the first one's download of the model blob
@@ -235,7 +241,7 @@ def test_push_then_pull_round_trips(tmp_path: Path, daemon: Daemon, registry: Re
     name = f"{registry.host}/me/mine:v1"
     r = httpx.post(daemon.url + "/api/copy", json={"source": "mine", "destination": name}, timeout=30)
     assert r.status_code == 200
-    with httpx.stream("POST", daemon.url + "/api/push", json={"model": name, "insecure": True}, timeout=120) as r:
+    with httpx.stream("POST", daemon.url + "/api/push", json={"model": plain(name), "insecure": True}, timeout=120) as r:
         lines = [json.loads(x) for x in r.iter_lines() if x]
     statuses = [x["status"] for x in lines]
     assert statuses[0] == "retrieving manifest" and statuses[-2:] == ["pushing manifest", "success"], lines
@@ -244,7 +250,7 @@ def test_push_then_pull_round_trips(tmp_path: Path, daemon: Daemon, registry: Re
     assert registry.blobs[sha(gguf.read_bytes())] == gguf.read_bytes()
     # pushing again finds every blob on the registry (HEAD) and uploads nothing
     posts = sum(1 for m, p, _ in registry.log if m == "POST")
-    with httpx.stream("POST", daemon.url + "/api/push", json={"model": name, "insecure": True}, timeout=120) as r:
+    with httpx.stream("POST", daemon.url + "/api/push", json={"model": plain(name), "insecure": True}, timeout=120) as r:
         assert json.loads(list(r.iter_lines())[-1]) == {"status": "success"}
     assert sum(1 for m, p, _ in registry.log if m == "POST") == posts
     other = start_daemon(tmp_path / "other", backend=BACKENDS[0])
@@ -257,3 +263,26 @@ def test_push_then_pull_round_trips(tmp_path: Path, daemon: Daemon, registry: Re
         other.stop()
     r = httpx.post(daemon.url + "/api/push", json={"model": "nothere"}, timeout=30)
     assert r.status_code == 404 and r.json()["error"] == "model 'nothere:latest' not found"
+
+
+def test_insecure_never_turns_https_into_http(daemon: Daemon, registry: Registry, gguf: Path) -> None:
+    # issue 27: `insecure: true` (Open WebUI sends it on every pull) made every registry request plain HTTP, the
+    # public registry's too. A name without http:// stays https: the plain-HTTP test registry never sees a request.
+    from evenflow.daemon.store.registry import registry_scheme
+
+    registry.add_model("library", "tiny", "latest", gguf)
+    before = len(registry.log)
+    r = httpx.post(daemon.url + "/api/pull", json={"model": f"{registry.host}/library/tiny", "insecure": True,
+                                                   "stream": False}, timeout=60)
+    assert r.status_code == 500 and "cannot reach the registry" in r.json()["error"], r.text
+    assert f"http://{registry.host}/..." in r.json()["error"]  # says how to name a plain-HTTP registry
+    assert len(registry.log) == before  # no HTTP request arrived: the daemon spoke TLS
+    assert registry_scheme("llama3.2", True) == registry_scheme("registry.ollama.ai/library/x", True) == "https"
+    # an http:// name needs insecure (Ollama's "insecure protocol http"), before any connection
+    r = httpx.post(daemon.url + "/api/pull", json={"model": f"http://{registry.host}/library/tiny", "stream": False},
+                   timeout=60)
+    assert r.status_code == 400 and "insecure protocol http" in r.json()["error"], r.text
+    r = httpx.post(daemon.url + "/api/push", json={"model": f"http://{registry.host}/library/tiny"}, timeout=60)
+    assert r.status_code == 400 and "insecure protocol http" in r.json()["error"], r.text
+    assert len(registry.log) == before
+    assert pull_lines(daemon.url, f"{registry.host}/library/tiny")[-1] == {"status": "success"}  # http:// + insecure

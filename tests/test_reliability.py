@@ -83,14 +83,19 @@ def test_a_500_leaves_the_keepalive_connection_usable(small_limit: Daemon) -> No
 
 
 def test_startup_prunes_unreferenced_blobs(tmp_path: Path, synthetic_model) -> None:
+    import os
+    import time
+
     from evenflow.daemon.store import ModelStore
+    from evenflow.daemon.store.layout import PRUNE_GRACE_S
 
     gguf = Path(synthetic_model("tiny", formats=("gguf",))["gguf"])
     store = ModelStore(tmp_path / "models")
     kept = store.add_blob_file(gguf)
     list(store.create("tiny", files={gguf.name: kept}))
+    day_old = time.time() - PRUNE_GRACE_S - 60
     stray = store.add_blob_bytes(b"an upload whose create never came")
-    assert store.has_blob(stray)
+    os.utime(store.blob_path(stray), (day_old, day_old))
     d = start_daemon(tmp_path, noprune=True)  # OLLAMA_NOPRUNE: left alone
     d.stop()
     assert store.has_blob(stray)
@@ -101,6 +106,47 @@ def test_startup_prunes_unreferenced_blobs(tmp_path: Path, synthetic_model) -> N
         assert r.status_code == 200
     finally:
         d.stop()
+
+
+def test_a_restart_keeps_uploads_whose_create_is_still_to_come(tmp_path: Path, synthetic_model) -> None:
+    # issue 27: a daemon restarting (after a crash, say) between a client's upload and its create pruned the upload,
+    # and a second daemon starting on the store removed the temp file of an upload in progress
+    import hashlib
+    import os
+    import time
+
+    from evenflow.daemon.store import ModelStore
+    from evenflow.daemon.store.layout import PRUNE_GRACE_S
+
+    gguf = Path(synthetic_model("tiny", formats=("gguf",))["gguf"])
+    data = gguf.read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    store = ModelStore(tmp_path / "models")
+    old = store.add_blob_bytes(b"uploaded a day ago, checked again just now")
+    day_old = time.time() - PRUNE_GRACE_S - 60
+    d = start_daemon(tmp_path)
+    try:
+        assert httpx.post(f"{d.url}/api/blobs/{digest}", content=data, timeout=60).status_code == 201
+        os.utime(store.blob_path(old), (day_old, day_old))
+        # a client about to create checks its blob first (HEAD): that marks it as wanted now
+        assert httpx.head(f"{d.url}/api/blobs/{old}", timeout=60).status_code == 200
+    finally:
+        d.stop()
+    writer = store.layout.blob_writer("sha256:" + "ab" * 32)  # another daemon's upload, half written
+    writer.write(b"first half")
+    try:
+        d = start_daemon(tmp_path)  # restarted between the uploads and the create
+        try:
+            assert writer.tmp.exists()  # the live upload's temp file is still there
+            assert store.has_blob(old)
+            r = httpx.post(d.url + "/api/create", json={"model": "tiny", "files": {"tiny.gguf": digest},
+                                                       "stream": False}, timeout=120)
+            assert r.status_code == 200, r.text
+        finally:
+            d.stop()
+    finally:
+        writer.abort()
+    assert not writer.tmp.exists()
 
 
 def test_version_answers_while_big_inputs_are_being_prepared(tmp_path: Path, synthetic_model) -> None:

@@ -48,7 +48,9 @@ def resources_text(app: EvenflowApp) -> str:
 
 
 def pull(url: str, name: str) -> list[dict[str, Any]]:
-    with httpx.stream("POST", url + "/api/pull", json={"model": name, "insecure": True}, timeout=WAIT_S) as r:
+    # the test registry is plain HTTP: named http://, which insecure then allows (https is never downgraded)
+    with httpx.stream("POST", url + "/api/pull", json={"model": "http://" + name, "insecure": True},
+                      timeout=WAIT_S) as r:
         assert r.status_code == 200
         return [json.loads(line) for line in r.iter_lines() if line]
 

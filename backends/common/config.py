@@ -5,8 +5,9 @@ No torch or mlx here: every backend that runs the model itself (torch, MLX) shar
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..base import ModelInfo, ModelLoadError, UnsupportedArchitecture
 
@@ -21,6 +22,28 @@ _HF_CLASSES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_ROPE_SCALING = ("linear", "llama3")
+MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS; no real model comes near it
+MAX_WIDTH = 1 << 20
+MAX_VOCAB = 1 << 24
+MAX_CONTEXT = 1 << 30
+
+
+def _parsed(make: Callable[[], "ModelArgs"], source: str) -> "ModelArgs":
+    """`make()` with every way a hostile value can fail it turned into a ModelLoadError naming `source`."""
+    try:
+        return make()
+    except ModelLoadError as e:
+        text = str(e)
+        raise type(e)(text if text.startswith(source) else f"{source}: {text}") from None
+    except KeyError as e:
+        raise ModelLoadError(f"{source}: missing required key {e.args[0]!r}") from None
+    except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError) as e:
+        raise ModelLoadError(f"{source}: invalid hyperparameter ({str(e)[:200]})") from None
+
+
+def _check_count(name: str, v: object, hi: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+        raise ModelLoadError(f"{name}={repr(v)[:60]} is invalid: an integer in 1..{hi} expected")
 
 
 def check_architecture(arch: str, source: str) -> str:
@@ -55,10 +78,34 @@ class ModelArgs:
     sliding_window: int | None = None  # mistral v0.1; informational, not applied
 
     def __post_init__(self) -> None:
+        # Model files are untrusted input: every size is checked here, so a zero, a string or a billion
+        # layers is one clear ModelLoadError, not a ZeroDivisionError or an allocation deep in a backend.
+        for name, hi in (("hidden_size", MAX_WIDTH), ("num_hidden_layers", MAX_LAYERS), ("intermediate_size", MAX_WIDTH),
+                         ("num_attention_heads", MAX_WIDTH), ("vocab_size", MAX_VOCAB),
+                         ("max_position_embeddings", MAX_CONTEXT)):
+            _check_count(name, getattr(self, name), hi)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
+        _check_count("num_key_value_heads", self.num_key_value_heads, self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelLoadError(f"num_key_value_heads={self.num_key_value_heads} does not divide "
+                                 f"num_attention_heads={self.num_attention_heads}")
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
+        _check_count("head_dim", self.head_dim, MAX_WIDTH)
+        for name in ("rms_norm_eps", "rope_theta"):
+            v = getattr(self, name)
+            if not (isinstance(v, float) and math.isfinite(v) and v > 0):
+                raise ModelLoadError(f"{name}={v!r} must be a finite number > 0")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ModelLoadError(f"rope_scaling must be an object, got {repr(self.rope_scaling)[:60]}")
+        for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            v = (self.rope_scaling or {}).get(k)
+            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                      and 0 < v < 1e9):
+                raise ModelLoadError(f"rope_scaling {k}={repr(v)[:60]} must be a finite number > 0")
+        if not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool):
+            self.sliding_window = None  # informational only
         if self.model_type == "qwen2":
             self.attention_bias = True
         if self.model_type == "qwen3":
@@ -74,7 +121,11 @@ class ModelArgs:
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], source: str = "config.json") -> "ModelArgs":
-        """Parse an HF `config.json` dict; unknown keys are ignored."""
+        """Parse an HF `config.json` dict; unknown keys are ignored. ModelLoadError names a bad or missing one."""
+        return _parsed(lambda: cls._from_hf_config(config, source), source)
+
+    @classmethod
+    def _from_hf_config(cls, config: dict[str, Any], source: str) -> "ModelArgs":
         arch = config.get("model_type")
         if arch is None and config.get("architectures"):
             arch = _HF_CLASSES.get(config["architectures"][0], config["architectures"][0])
@@ -85,32 +136,33 @@ class ModelArgs:
         rope_scaling = config.get("rope_scaling") or (
             {k: v for k, v in rope.items() if k != "rope_theta"} if rope.get("rope_type", "default") != "default" else None
         )
-        try:
-            args = cls(
-                model_type=arch,
-                hidden_size=int(config["hidden_size"]),
-                num_hidden_layers=int(config["num_hidden_layers"]),
-                intermediate_size=int(config["intermediate_size"]),
-                num_attention_heads=int(config["num_attention_heads"]),
-                vocab_size=int(config["vocab_size"]),
-                num_key_value_heads=config.get("num_key_value_heads"),
-                head_dim=config.get("head_dim"),
-                rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(rope_theta),
-                rope_scaling=rope_scaling,
-                max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                attention_bias=bool(config.get("attention_bias", False)),
-                mlp_bias=bool(config.get("mlp_bias", False)),
-                sliding_window=config.get("sliding_window") if arch == "mistral" else None,
-            )
-        except KeyError as e:
-            raise ModelLoadError(f"{source}: missing required key {e.args[0]!r}") from None
+        args = cls(
+            model_type=arch,
+            hidden_size=int(config["hidden_size"]),
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            intermediate_size=int(config["intermediate_size"]),
+            num_attention_heads=int(config["num_attention_heads"]),
+            vocab_size=int(config["vocab_size"]),
+            num_key_value_heads=config.get("num_key_value_heads"),
+            head_dim=config.get("head_dim"),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            sliding_window=config.get("sliding_window") if arch == "mistral" else None,
+        )
         return args
 
     @classmethod
     def from_gguf_metadata(cls, md: dict[str, Any], tensor_names: set[str], source: str) -> "ModelArgs":
         """Parse GGUF `{arch}.*` metadata; `tensor_names` tells tied embeddings and rope factors apart."""
+        return _parsed(lambda: cls._from_gguf_metadata(md, tensor_names, source), source)
+
+    @classmethod
+    def _from_gguf_metadata(cls, md: dict[str, Any], tensor_names: set[str], source: str) -> "ModelArgs":
         arch = str(md.get("general.architecture", ""))
         check_architecture(arch, source)
 

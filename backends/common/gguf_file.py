@@ -31,6 +31,12 @@ _SCALARS: dict[int, tuple[str, Any]] = {
 }
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q").unpack_from
+# llama.cpp's gguf reader: tensors have at most GGML_MAX_DIMS dims and names shorter than GGML_MAX_NAME bytes;
+# a file breaking either is refused there, so it is refused here too (with a reason instead of a NULL).
+MAX_DIMS = 4
+MAX_TENSOR_NAME = 63
+MAX_ARRAY_NESTING = 4  # arrays of arrays (llama.cpp reads none): deeper ones are a crafted file, not a model
+_INT64_MAX = (1 << 63) - 1
 # Ollama's quantization_level names where they differ from gguf's LlamaFileType names
 _FILE_TYPE_NAMES = {38: "MXFP4"}
 
@@ -111,14 +117,15 @@ class _Cursor:
                     n = _U64(buf, pos)[0]
                     append(buf[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"))
                     pos += 8 + n
-        except struct.error:
+        except (struct.error, OverflowError):  # a length ran past the end (OverflowError: far past)
             pos = len(buf) + 1
         if pos > len(buf):
             raise self.truncated(f"array {key!r} runs past the end")
         self.pos = pos
         return out
 
-    def value(self, vtype: int, key: str, lazy_over: int | None = None, file: "GGUFFile | None" = None) -> Any:
+    def value(self, vtype: int, key: str, lazy_over: int | None = None, file: "GGUFFile | None" = None,
+              depth: int = 0) -> Any:
         if vtype in _SCALARS:
             return self.scalar(vtype)
         if vtype == _STRING:
@@ -134,8 +141,15 @@ class _Cursor:
             dt = np.dtype(_SCALARS[itype][1]).newbyteorder("<")
             self.take(n * dt.itemsize)
             items = None if lazy else np.frombuffer(self.buf, dtype=dt, count=n, offset=start).tolist()
-        else:  # arrays of arrays: rare and small, read element by element
-            items = [self.value(itype, key) for _ in range(n)]
+        else:  # arrays of arrays: rare and small, read element by element (each takes at least 12 bytes)
+            if itype != _ARRAY:
+                raise ModelLoadError(f"{self.path}: corrupt GGUF (unknown element type {itype} in array {key!r})")
+            if depth + 1 >= MAX_ARRAY_NESTING:
+                raise ModelLoadError(f"{self.path}: corrupt GGUF (array {key!r} nests arrays deeper than "
+                                     f"{MAX_ARRAY_NESTING} levels)")
+            if n > (len(self.buf) - self.pos) // 12:
+                raise self.truncated(f"array {key!r} of {n} arrays at byte {self.pos}")
+            items = [self.value(itype, key, depth=depth + 1) for _ in range(n)]
         return GGUFArray(file, key, itype, n, start) if lazy else items
 
 
@@ -228,35 +242,58 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
+            if key in self.metadata:
+                raise ModelLoadError(f"{path}: corrupt GGUF (duplicate metadata key {key!r})")
             self.metadata[key] = cur.value(cur.scalar(4), key, lazy_over, self)
         infos = []
         for _ in range(n_tensors):
             name = cur.string()
             n_dims = cur.scalar(4)
-            if n_dims > 8:
-                raise ModelLoadError(f"{path}: corrupt GGUF (tensor {name!r} has {n_dims} dims)")
+            if n_dims > MAX_DIMS:
+                raise ModelLoadError(f"{path}: corrupt GGUF (tensor {name[:80]!r} has {n_dims} dims; at most {MAX_DIMS})")
             dims = [cur.scalar(10) for _ in range(n_dims)]
             infos.append((name, dims, cur.scalar(4), cur.scalar(10)))
         align = self.metadata.get("general.alignment", 32)
-        if not isinstance(align, int) or align <= 0:
-            raise ModelLoadError(f"{path}: corrupt GGUF (general.alignment {align!r}; expected a positive integer)")
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+            raise ModelLoadError(f"{path}: corrupt GGUF (general.alignment {align!r}; expected a power of two)")
         data_start = (cur.pos + align - 1) // align * align
         self.tensors: dict[str, GGUFTensor] = {}
+        expected_offset = 0  # llama.cpp wants the tensors packed in order, each padded to the alignment
         for name, dims, qt, off in infos:
-            try:
-                qtype = GGMLQuantizationType(qt)
-                block, type_size = GGML_QUANT_SIZES[qtype]
-            except (ValueError, KeyError):
-                raise ModelLoadError(f"{path}: tensor {name!r} has unknown ggml type {qt}") from None
-            n_el = int(np.prod(dims, dtype=np.int64))
-            n_bytes = n_el // block * type_size
-            t = GGUFTensor(name, tuple(int(d) for d in reversed(dims)), qtype, data_start + off, n_bytes)
-            if t.offset + n_bytes > len(mm):
+            t = self._tensor(name, dims, qt, off, data_start)
+            if off != expected_offset:
+                raise ModelLoadError(f"{path}: corrupt GGUF (tensor {name!r} has data offset {off}, expected "
+                                     f"{expected_offset})")
+            expected_offset += (t.n_bytes + align - 1) // align * align
+            if t.offset + t.n_bytes > len(mm):
                 raise ModelLoadError(
-                    f"{path}: truncated GGUF: tensor {name!r} needs bytes up to {t.offset + n_bytes}, "
+                    f"{path}: truncated GGUF: tensor {name!r} needs bytes up to {t.offset + t.n_bytes}, "
                     f"file has {len(mm)}"
                 )
             self.tensors[name] = t
+
+    def _tensor(self, name: str, dims: list[int], qt: int, off: int, data_start: int) -> GGUFTensor:
+        """One tensor-table entry checked as llama.cpp's gguf reader checks it (name, type, shape, size)."""
+        path = self.path
+        if len(name.encode()) > MAX_TENSOR_NAME:
+            raise ModelLoadError(f"{path}: corrupt GGUF (tensor name {name[:80]!r} is longer than {MAX_TENSOR_NAME} bytes)")
+        if name in self.tensors:
+            raise ModelLoadError(f"{path}: corrupt GGUF (duplicate tensor {name!r})")
+        try:
+            qtype = GGMLQuantizationType(qt)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ModelLoadError(f"{path}: tensor {name!r} has unknown ggml type {qt}") from None
+        n_el = 1
+        for d in dims:
+            if d > _INT64_MAX or (d and n_el > _INT64_MAX // d):
+                raise ModelLoadError(f"{path}: corrupt GGUF (tensor {name!r} has dims {dims}: too many elements)")
+            n_el *= d
+        if dims and dims[0] % block:
+            raise ModelLoadError(f"{path}: corrupt GGUF (tensor {name!r} of type {qtype.name} has a row of {dims[0]} "
+                                 f"values, not a multiple of its block size {block})")
+        n_bytes = n_el // block * type_size
+        return GGUFTensor(name, tuple(int(d) for d in reversed(dims)), qtype, data_start + off, n_bytes)
 
     def array(self, name: str) -> np.ndarray:
         """Tensor `name` as float32 numpy in numpy order, dequantised if needed."""

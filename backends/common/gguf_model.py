@@ -9,6 +9,7 @@ import numpy as np
 
 from ..base import ModelLoadError
 from .config import ModelArgs, ModelFiles
+from .gguf_checks import check_hparams
 from .gguf_file import GGUFFile, file_type_name, is_gguf
 from .gguf_tokenizer import tokenizer_from_gguf
 
@@ -63,10 +64,12 @@ class GGUFModel:
         self.path = path
         self.file = GGUFFile(path)
         md = self.file.metadata
+        check_hparams(md, path)
         self.metadata = md
         self.arch = str(md.get("general.architecture", ""))
         self.args = ModelArgs.from_gguf_metadata(md, set(self.file.tensors), source=path)
-        self.chat_template: str | None = md.get("tokenizer.chat_template")
+        template = md.get("tokenizer.chat_template")
+        self.chat_template: str | None = template if isinstance(template, str) else None  # a file may say anything
         self.tokenizer = tokenizer_from_gguf(md, source=path)
         if self.tokenizer.vocab_size < self.args.vocab_size:
             log.info("%s: tokenizer has %d tokens, model vocab %d", path, self.tokenizer.vocab_size, self.args.vocab_size)

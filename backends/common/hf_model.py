@@ -14,6 +14,7 @@ from tokenizers import Tokenizer as HFTok
 from ..base import ModelLoadError
 from .config import ModelArgs, ModelFiles
 from .hf_tokenizer import HFTokenizer
+from .safetensors_header import parse_header
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +29,17 @@ def _read_json(path: str, required: bool) -> dict[str, Any] | None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # a "\ud800" escape is not text anything can encode
+    except UnicodeEncodeError:
+        raise ModelLoadError(f"{path}: cannot read JSON (a lone UTF-16 surrogate escape)") from None
+    except RecursionError:
+        raise ModelLoadError(f"{path}: cannot read JSON (nested too deeply)") from None
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: cannot read JSON ({e})") from None
+        raise ModelLoadError(f"{path}: cannot read JSON ({str(e)[:200]})") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def is_hf_dir(path: str) -> bool:
@@ -53,17 +62,10 @@ class SafetensorsFile:
         (hlen,) = struct.unpack("<Q", self._mm[:8])
         if 8 + hlen > size:
             raise ModelLoadError(f"{path}: truncated safetensors header (needs {8 + hlen} bytes, file has {size})")
-        try:
-            header = json.loads(self._mm[8 : 8 + hlen])
-        except ValueError as e:
-            raise ModelLoadError(f"{path}: corrupt safetensors header ({e})") from None
-        header.pop("__metadata__", None)
         self._base = 8 + hlen
-        self.header: dict[str, dict[str, Any]] = header
-        for name, h in header.items():
-            end = self._base + h["data_offsets"][1]
-            if end > size:
-                raise ModelLoadError(f"{path}: tensor {name!r} runs past the end of the file (truncated?)")
+        # every entry's dtype, shape and offsets checked against the file (a bad one is a ModelLoadError here,
+        # not a numpy error at the first tensor read)
+        self.header: dict[str, dict[str, Any]] = parse_header(self._mm[8 : 8 + hlen], size - self._base, path)
 
     def names(self) -> list[str]:
         return list(self.header)
@@ -105,17 +107,20 @@ def _load_hf_tokenizer(path: str) -> HFTokenizer:
             value = value.get("content")
         return tok.token_to_id(value) if isinstance(value, str) else None
 
+    n_vocab = tok.get_vocab_size(with_added_tokens=True)
+
+    def ids(value: Any) -> list[int]:  # config files are untrusted: only ids the vocabulary has
+        items = value if isinstance(value, list) else [value]
+        return [i for i in items if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_vocab]
+
     bos_id = token_id(tcfg.get("bos_token"))
     if bos_id is None:
-        bos_id = gcfg.get("bos_token_id", cfg.get("bos_token_id"))
+        bos_id = next(iter(ids(gcfg.get("bos_token_id", cfg.get("bos_token_id")))), None)
     eos_ids: set[int] = set()
     if token_id(tcfg.get("eos_token")) is not None:
         eos_ids.add(token_id(tcfg.get("eos_token")))  # type: ignore[arg-type]
     for src in (cfg.get("eos_token_id"), gcfg.get("eos_token_id")):
-        if isinstance(src, int):
-            eos_ids.add(src)
-        elif isinstance(src, list):
-            eos_ids.update(int(i) for i in src)
+        eos_ids.update(ids(src))
     if "add_bos_token" in tcfg:
         add_bos = bool(tcfg["add_bos_token"])
     else:  # no explicit flag: trust the tokenizer.json post-processor (Llama 3 adds BOS there)

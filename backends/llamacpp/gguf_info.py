@@ -1,8 +1,8 @@
 """Validate a GGUF file before llama.cpp sees it and fill ModelInfo from its header.
 
-llama.cpp only returns NULL for a bad file, so the header is parsed first (by `common.gguf_file`, which
-checks the magic, every bound and that the tensor data is all there): a `ModelLoadError` names what is
-wrong. Token lists and merges are left in the file (lazy mode), so this costs milliseconds.
+llama.cpp returns NULL for many bad files but aborts the process on others, so the header is parsed first (by
+`common.gguf_file`, which checks the magic, every bound and that the tensor data is all there) and its generic
+hyperparameters checked (`common.gguf_checks`): a `ModelLoadError` names what is wrong. Token lists and merges are left in the file (lazy mode), so this costs milliseconds.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base import ModelInfo, ModelLoadError
+from ..common.gguf_checks import check_hparams
 from ..common.gguf_file import GGUFArray, GGUFFile, GGUFTensor
 from ..common.gguf_file import file_type_name as _file_type_name
 
@@ -44,6 +45,7 @@ def read_header(path: str) -> GGUFHeader:
                 header.skipped_arrays[key] = len(value)
                 value = None
             header.metadata[key] = value
+        check_hparams(gf.metadata, path)  # before the lazy arrays close: per-layer counts may be among them
     return header
 
 

@@ -23,7 +23,7 @@ import llama_cpp.llama_cpp as L
 
 from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, RunnerSettings
 from ..common.memory import host_kv_budget, plan_kv
-from . import amx
+from . import amx, load_probe
 from .embedder import Embedder
 from .gguf_info import GGUFHeader, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
@@ -117,6 +117,7 @@ class LlamaCppRunner:
         self._model = self._ctx = None
         self._embedder: Embedder | None = None
         header = read_header(model_path)  # ModelLoadError on a bad/truncated file, before llama.cpp sees it
+        load_probe.check_loads(model_path)  # ModelLoadError where llama.cpp would abort the process instead
         ensure_backend()
         self.n_threads = settings.num_threads or physical_cores()
         self.extra_bufts = amx.extra_bufts_enabled()

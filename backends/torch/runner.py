@@ -7,7 +7,7 @@ import time
 import numpy as np
 import torch
 
-from ..base import Batch, ModelInfo, ModelLoadError, RunnerSettings
+from ..base import Batch, InsufficientMemory, ModelInfo, ModelLoadError, RunnerSettings
 from ..common import build_model_info, open_model
 from ..common.paging import check_batch
 from .attention import build_step_attention, dense_causal
@@ -68,7 +68,7 @@ class TorchRunner:
         try:
             self.model = build_model(self.args, src.iter_tensors(), self.device, self.dtype, model_path)
         except torch.cuda.OutOfMemoryError as e:
-            raise ModelLoadError(f"{model_path}: not enough GPU memory for the weights ({e})") from None
+            raise InsufficientMemory(f"{model_path}: not enough GPU memory for the weights ({e})") from None
         self.info: ModelInfo = build_model_info(self.args, src.parameter_count, files.file_type, files.metadata)
         self.tokenizer = files.tokenizer
         self.chat_template = files.chat_template

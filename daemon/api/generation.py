@@ -307,6 +307,9 @@ async def embed_ids(lease: Lease, ids: list[int]) -> np.ndarray:
     except NotImplementedError as e:
         raise APIError(400, f"model '{model.name}' does not support embeddings: {e}") from None
     h = np.asarray(hidden, dtype=np.float32)
+    if not np.isfinite(h).all():  # JSON cannot carry NaN or infinity; only broken weights produce them
+        raise APIError(400, f"model '{model.name}' produced non-finite values (NaN or infinity) for this input: "
+                            f"its weights are broken")
     kind = pooling_type(model)
     vec = h[-1] if kind == POOL_LAST else h[0] if kind == POOL_CLS else h.mean(axis=0)
     return vec.astype(np.float32)

@@ -77,9 +77,10 @@ def _local_host_ok(host: str) -> bool:
     return h.endswith((".localhost", ".local", ".internal"))
 
 
-def _auth_failure(path: str, authorization: str | None) -> bytes:
+def _auth_failure(path: str, authorization: str | None, count: int = 1) -> bytes:
     """The 401 body: Ollama's `{"error"}`, OpenAI's shape (code invalid_api_key) under /v1."""
     msg = ("unauthorized: this server requires an API key (send `Authorization: Bearer <key>`)" if not authorization
+           else "unauthorized: more than one Authorization header (send exactly one)" if count > 1
            else "unauthorized: invalid API key")
     if path == "/v1" or path.startswith("/v1/"):
         return json.dumps({"error": {"message": msg, "type": "invalid_request_error", "param": None,
@@ -87,12 +88,24 @@ def _auth_failure(path: str, authorization: str | None) -> bytes:
     return json.dumps({"error": msg}).encode()
 
 
+# RFC 6750: credentials = "Bearer" 1*SP b64token, the scheme case-insensitive (RFC 9110). Spaces around the whole
+# value are not part of it (HTTP's OWS), so "Bearer  key" and "Bearer key " are the same credentials as
+# "Bearer key"; a tab, a second word or an empty token is not.
+_BEARER = re.compile(r"bearer +(\S+)", re.IGNORECASE)
+
+
 def key_matches(authorization: str | None, key: bytes) -> bool:
-    """`Bearer <key>` (scheme case-insensitive), compared in constant time."""
-    scheme, _, given = (authorization or "").strip().partition(" ")
-    if scheme.lower() != "bearer":
+    """`Bearer <key>` by RFC 6750's grammar, compared in constant time."""
+    m = _BEARER.fullmatch((authorization or "").strip(" \t"))
+    if m is None:
         return False
-    return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), key)
+    return hmac.compare_digest(m.group(1).encode("utf-8", "surrogateescape"), key)
+
+
+def authorization_header(raw_headers: list[tuple[bytes, bytes]]) -> tuple[str | None, int]:
+    """(the Authorization value, how many Authorization fields the request has)."""
+    values = [v.decode("latin-1") for k, v in raw_headers if k.lower() == b"authorization"]
+    return (values[0] if values else None), len(values)
 
 
 class GuardMiddleware:
@@ -154,11 +167,14 @@ class GuardMiddleware:
             await reply(204, extra=cors_headers)  # Ollama answers a bare OPTIONS to an allowed host with 204
             return
         # GET / stays open: it is how clients (and `evenflow service status`) see that a server is there.
-        if self.key is not None and not (path == "/" and method in ("GET", "HEAD")) \
-                and not key_matches(headers.get("authorization"), self.key):
-            await reply(401, _auth_failure(path, headers.get("authorization")),
-                        cors_headers + [(b"www-authenticate", b'Bearer realm="evenflow"')])
-            return
+        # Two Authorization fields are refused, whatever they hold: which one counts would be a guess (RFC 9110:
+        # a field that is not a list must appear once), and a proxy and the server could guess differently.
+        if self.key is not None and not (path == "/" and method in ("GET", "HEAD")):
+            authorization, count = authorization_header(scope.get("headers", []))
+            if count != 1 or not key_matches(authorization, self.key):
+                await reply(401, _auth_failure(path, authorization, count),
+                            cors_headers + [(b"www-authenticate", b'Bearer realm="evenflow"')])
+                return
         if self.is_closing() and path not in ("/", "/api/version"):
             await reply(503, json.dumps({"error": "server is shutting down"}).encode(), cors_headers)
             return

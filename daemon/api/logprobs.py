@@ -2,9 +2,17 @@
 `choices[].logprobs.content`, and the legacy completions object (tokens, token_logprobs, top_logprobs, text_offset)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..engine.logprobs import TokenLogprob
+
+UNLIKELY = -9999.0  # what OpenAI reports for a token too unlikely to have a finite logprob
+
+
+def _finite(logprob: float) -> float:
+    """JSON has no infinities or NaN: a -inf (masked token) or NaN (a model with broken weights) is UNLIKELY."""
+    return logprob if math.isfinite(logprob) else UNLIKELY
 
 
 def _bytes(tokenizer: Any, token_id: int) -> bytes:
@@ -17,7 +25,7 @@ def _bytes(tokenizer: Any, token_id: int) -> bytes:
 def _entry(tokenizer: Any, token_id: int, logprob: float, omit_empty: bool = False) -> dict[str, Any]:
     """`token` is the token's text (invalid UTF-8 of a partial character replaced); `bytes` its raw bytes."""
     raw = _bytes(tokenizer, token_id)
-    out: dict[str, Any] = {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob}
+    out: dict[str, Any] = {"token": raw.decode("utf-8", errors="replace"), "logprob": _finite(logprob)}
     if raw or not omit_empty:
         out["bytes"] = list(raw)
     return out
@@ -55,5 +63,5 @@ def legacy(tokenizer: Any, lps: list[TokenLogprob], starts: list[int], text: str
         offsets.append(cursor)
         if tok and text.startswith(tok, cursor - text_base):
             cursor += len(tok)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{piece(t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": [_finite(lp.logprob) for lp in lps],
+            "top_logprobs": [{piece(t): _finite(v) for t, v in lp.top} for lp in lps], "text_offset": offsets}

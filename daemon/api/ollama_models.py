@@ -177,7 +177,8 @@ async def pull(request: Request) -> Response:
     if not name:
         raise APIError(400, "model is required")
     steps = await asyncio.to_thread(_ctx(request).store.pull_iter, name, bool(req.insecure))
-    steps = _ctx(request).events.track_pull(name, steps)  # the monitor's "pulls in progress"
+    shown = name.split("://", 1)[-1]  # the model as the store will name it (http:// only says how to reach it)
+    steps = _ctx(request).events.track_pull(shown, steps)  # the monitor's "pulls in progress"
     return await _progress_response(steps, req.stream, f"pull {name}")
 
 

@@ -12,7 +12,7 @@ from ..engine.grammar import Constraint, GrammarError, grammar_for_format
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import SamplingParams
 from ..models import LoadedModel
-from . import prompting
+from . import prompt_size, prompting
 from .errors import APIError
 from .generation import check_num_ctx, fit_to_context, sampling_params
 from .schemas import ChatCompletionRequest, ChatRequest, CompletionRequest, GenerateRequest
@@ -117,11 +117,15 @@ def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> P
     grammar = check_format(req.format)
     window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
+    given = len(req.prompt or "") + len(req.system or "") + len(req.suffix or "")
+    limit = prompt_size.char_limit(model, window, given)
     if req.raw:
         text, add_special = req.prompt or "", True
     else:
         text, add_special = prompting.render_generate(model, req.prompt or "", system=req.system,
-                                                      suffix=req.suffix or "", template=req.template, think=think)
+                                                      suffix=req.suffix or "", template=req.template, think=think,
+                                                      window=window, max_chars=limit)
+    prompt_size.check_text(model, text, window, limit)
     ids = list(req.context or []) + prompting.encode(model, text, add_special=add_special and not req.context)
     params = sampling_params(req.options, model.record.params)
     prep = _finish(model, text, ids, params, window, think, grammar=grammar)
@@ -131,10 +135,15 @@ def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> P
 
 
 def _chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 think: bool | str | None) -> tuple[str, list[int]]:
+                 think: bool | str | None, window: int) -> tuple[str, list[int]]:
     if tools and not prompting.supports_tools(model):
         raise APIError(400, f"{prompting.full_name(model)} does not support tools")
-    text, add_special = prompting.render_chat(model, messages, tools=tools, think=think)
+    # a chat too long for the window stops rendering at the most a prompt that fits can hold (issue 27: 50,000
+    # messages took 48 s of a worker before their 400)
+    limit = prompt_size.char_limit(model, window, prompt_size.chat_chars(messages))
+    text, add_special = prompting.render_chat(model, messages, tools=tools, think=think, window=window,
+                                              max_chars=limit)
+    prompt_size.check_text(model, text, window, limit)
     return text, prompting.encode(model, text, add_special=add_special)
 
 
@@ -144,7 +153,7 @@ def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
     window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     tools = req.tools or None
-    text, ids = _chat_prompt(model, [m.as_template_dict() for m in req.messages or []], tools, think)
+    text, ids = _chat_prompt(model, [m.as_template_dict() for m in req.messages or []], tools, think, window)
     params = sampling_params(req.options, model.record.params)
     prep = _finish(model, text, ids, params, window, think, tools, grammar)
     prep.logprobs = ollama_logprobs(req)
@@ -206,8 +215,9 @@ def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: li
     grammar = response_format_grammar(req.response_format)
     think = prompting.resolve_think(model, think)
     tools = req.tools or None
-    text, ids = _chat_prompt(model, messages, tools, think)
-    prep = _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None), think, tools, grammar)
+    window = check_num_ctx(model, None)
+    text, ids = _chat_prompt(model, messages, tools, think, window)
+    prep = _finish(model, text, ids, openai_params(req, model), window, think, tools, grammar)
     prep.logprobs, prep.n = chat_logprobs(req), openai_choices(req, model)
     prep.priority = request_priority(req.priority, param="priority")
     return prep
@@ -215,13 +225,16 @@ def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: li
 
 def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
     """/v1/completions: the prompt as written (Ollama sends it raw), or the template when there is a suffix."""
+    window = check_num_ctx(model, None)
+    limit = prompt_size.char_limit(model, window, len(req.prompt) + len(req.suffix or ""))
     if req.suffix:
         text, add = prompting.render_generate(model, req.prompt, system=None, suffix=req.suffix, template=None,
-                                              think=None)
+                                              think=None, window=window, max_chars=limit)
     else:
         text, add = req.prompt, True
+    prompt_size.check_text(model, text, window, limit)
     ids = prompting.encode(model, text, add_special=add)
-    prep = _finish(model, text, ids, openai_params(req, model), check_num_ctx(model, None),
+    prep = _finish(model, text, ids, openai_params(req, model), window,
                    grammar=response_format_grammar(req.response_format))
     prep.logprobs, prep.n = completion_logprobs(req), openai_choices(req, model)
     prep.priority = request_priority(req.priority, param="priority")
@@ -231,8 +244,15 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
 def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:
     """One embedding input's ids, cut to the window when `truncate`; 400 otherwise or when nothing is left."""
     cancel.checkpoint()
-    ids = list(model.runner.tokenizer.encode(text, add_special=True, parse_special=True))
     ctx = model.context_length
+    limit = prompt_size.char_limit(model, ctx, len(text))
+    if limit is not None and len(text) > limit:
+        if not truncate:
+            raise APIError(400, "the input length exceeds the context length")
+        # only the first ctx tokens are kept, and they come from the first `limit` characters; the margin keeps
+        # the cut far from where the kept tokens end, so the kept ones tokenize as in the whole text
+        text = text[: 2 * limit]
+    ids = list(model.runner.tokenizer.encode(text, add_special=True, parse_special=True))
     if len(ids) > ctx:
         if not truncate:
             raise APIError(400, "the input length exceeds the context length")

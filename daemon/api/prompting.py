@@ -8,6 +8,7 @@ from typing import Any
 from .. import cancel
 from .. import templates as tpl
 from ..models import LoadedModel
+from . import prompt_size
 from .errors import APIError
 
 log = logging.getLogger(__name__)
@@ -73,33 +74,52 @@ def _bos_text(model: LoadedModel) -> str:
     return model.record.bos_token or _special_text(model, model.runner.tokenizer.bos_id)
 
 
+def _budget(max_chars: int | None) -> tpl.Budget:
+    """A render's budget; with `max_chars` (the most a prompt that fits can have) its output stops there."""
+    return tpl.Budget(max_output=min(tpl.MAX_OUTPUT, max_chars)) if max_chars is not None else tpl.Budget()
+
+
+def _over(budget: tpl.Budget, max_chars: int | None) -> bool:
+    """Whether a budget error was the prompt outgrowing `max_chars` (not a runaway template)."""
+    return max_chars is not None and budget.max_output == max_chars and budget.output > max_chars
+
+
 def render_chat(model: LoadedModel, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
-                think: bool | str | None) -> tuple[str, bool]:
-    """The /api/chat prompt text, and whether the tokenizer should add BOS (the template never does here)."""
+                think: bool | str | None, window: int | None = None,
+                max_chars: int | None = None) -> tuple[str, bool]:
+    """The /api/chat prompt text, and whether the tokenizer should add BOS (the template never does here).
+    With `max_chars` a prompt growing past it stops rendering there: a 400 saying it cannot fit `window`."""
     msgs = tpl.prepare_chat_messages(messages, model_system=model.record.system,
                                      model_messages=model.record.messages)
+    budget = _budget(max_chars)
     try:
         text = tpl.render_messages(template_of(model), msgs, tools=tools, bos_token=_bos_text(model), eos_token=_eos_text(model),
-                                   think=think)
+                                   think=think, budget=budget)
     except tpl.TemplateCancelled:
         raise
     except tpl.TemplateError as e:
+        if _over(budget, max_chars) and window:
+            raise prompt_size.too_long(model, window, max_chars) from None  # type: ignore[arg-type]
         raise APIError(400, f"cannot render the chat template of '{model.name}': {e}") from None
     return text, True
 
 
 def render_generate(model: LoadedModel, prompt: str, *, system: str | None, suffix: str, template: str | None,
-                    think: bool | str | None) -> tuple[str, bool]:
+                    think: bool | str | None, window: int | None = None,
+                    max_chars: int | None = None) -> tuple[str, bool]:
+    budget = _budget(max_chars)
     try:
         text = tpl.render_generate(template or template_of(model), prompt, system=system,
                                    model_system=model.record.system, model_messages=model.record.messages,
                                    suffix=suffix or None, bos_token=_bos_text(model), eos_token=_eos_text(model),
-                                   think=think)
+                                   think=think, budget=budget)
     except tpl.TemplateCancelled:
         raise
     except tpl.SuffixNotSupported:
         raise APIError(400, f"model '{model.name}' does not support insert (its template has no .Suffix)") from None
     except tpl.TemplateError as e:
+        if _over(budget, max_chars) and window:
+            raise prompt_size.too_long(model, window, max_chars) from None  # type: ignore[arg-type]
         raise APIError(400, f"cannot render the template of '{model.name}': {e}") from None
     return text, True
 

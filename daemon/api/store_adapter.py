@@ -109,8 +109,9 @@ class StoreAdapter:
             self.store.delete(name)
 
     def has_blob(self, digest: str) -> bool:
+        """Whether the blob is there; a client asking is about to create from it (see ModelStore.claim_blob)."""
         with store_errors():
-            return self.store.has_blob(digest)
+            return self.store.claim_blob(digest)
 
     async def write_blob(self, digest: str, chunks: AsyncIterable[bytes]) -> bool:
         with store_errors():
@@ -120,7 +121,7 @@ class StoreAdapter:
         """Start-up: remove blobs left unreferenced by interrupted creates and uploads (OLLAMA_NOPRUNE skips it)."""
         removed = self.store.prune_unreferenced()
         if removed:
-            log.info("removed %d unreferenced blob(s) left by interrupted creates or uploads", removed)
+            log.info("removed %d unreferenced blob(s) left by interrupted creates or uploads over a day ago", removed)
 
     def ensure_demo(self) -> None:
         """First start with an empty store: create the synthetic `demo` model (labelled synthetic in /api/show)."""

@@ -42,9 +42,18 @@ class Loop:
     kind: str  # break | continue
 
 
+MAX_NESTING = 100  # if/with/range blocks or parentheses inside one another; real templates nest a handful
+
+
 class _Parser:
     def __init__(self, items: list[str | _Raw]):
         self.items, self.i = items, 0
+        self.depth = 0  # the parser recurses per level: a crafted template must end in an error, not a RecursionError
+
+    def _enter(self, pos: int) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise TemplateError(f"template nesting deeper than {MAX_NESTING} levels at offset {pos}")
 
     def parse_list(self, stop: tuple[str, ...]) -> tuple[list[Any], _Raw | None]:
         out: list[Any] = []
@@ -75,6 +84,13 @@ class _Parser:
         return out, None
 
     def parse_branch(self, kind: str, toks: list[Tok], pos: int) -> Branch:
+        self._enter(pos)
+        try:
+            return self._parse_branch(kind, toks, pos)
+        finally:
+            self.depth -= 1
+
+    def _parse_branch(self, kind: str, toks: list[Tok], pos: int) -> Branch:
         pipe = self.parse_pipe(toks, pos, allow_decl=True, range_decl=kind == "range")
         body, term = self.parse_list(("else", "end"))
         node = Branch(kind, pipe, body)
@@ -137,7 +153,11 @@ class _Parser:
                 end += 1
             if end >= len(toks):
                 raise TemplateError(f"unclosed '(' at offset {pos}")
-            op = Operand("pipe", self.parse_pipe(toks[k + 1 : end], pos))
+            self._enter(pos)
+            try:
+                op = Operand("pipe", self.parse_pipe(toks[k + 1 : end], pos))
+            finally:
+                self.depth -= 1
             k = end
             if k + 1 < len(toks) and toks[k + 1].kind == "field" and toks[k + 1].adjacent:
                 op.chain = list(toks[k + 1].value)

@@ -135,11 +135,12 @@ def _weights_layers(store: "ModelStore", files: dict[str, str]) -> tuple[list[La
     ggufs = [f for f in files if f.lower().endswith(".gguf")]
     if len(ggufs) > 1:
         raise InvalidModel(f"only one .gguf file per model is supported, got {', '.join(sorted(ggufs))}")
+    shown = {str(store.blob_path(d)): f"{f} ({d})" for f, d in files.items()}
     try:
         if ggufs:
             digest = files[ggufs[0]]
             path = store.blob_path(digest)
-            info = read_gguf(path)
+            info = read_gguf(path, check=True)
             layers = [Layer(MT_MODEL, digest, path.stat().st_size)]
             status = "parsing GGUF"
         else:
@@ -150,8 +151,11 @@ def _weights_layers(store: "ModelStore", files: dict[str, str]) -> tuple[list[La
             info = read_hf(paths)
             layers = [Layer(MT_FILE, d, paths[f].stat().st_size, name=f) for f, d in sorted(files.items())]
             status = "parsing safetensors model"
-    except WeightsError as e:
-        raise InvalidModel(str(e)) from e
+    except WeightsError as e:  # the message names the file as the client called it, never a store path
+        text = str(e)
+        for path, name in shown.items():
+            text = text.replace(path, name)
+        raise InvalidModel(text) from None
     family = info.architecture
     cfg = ModelConfig(model_format=info.format, model_family=family, model_families=[family] if family else [],
                       model_type=human_number(info.parameter_count) if info.parameter_count else "",

@@ -21,8 +21,11 @@ def materialize_dir(final: Path, files: dict[str, Path]) -> Path:
     try:
         for name, blob in files.items():
             target = tmp / safe_relpath(name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _link(blob, target)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _link(blob, target)
+            except OSError as e:  # a model stored before names were checked: an error naming it, not a 500
+                raise InvalidModel(f"cannot lay out the model's file {name[:60]!r}: {e.strerror or e}") from None
         try:
             os.replace(tmp, final)
         except OSError:
@@ -35,11 +38,20 @@ def materialize_dir(final: Path, files: dict[str, Path]) -> Path:
     return final
 
 
+MAX_NAME_BYTES = 255  # one path component (NAME_MAX on Linux and macOS)
+MAX_PATH_BYTES = 1024  # a whole relative name: HF repos nest a folder or two, not hundreds of bytes
+
+
 def safe_relpath(name: str) -> Path:
-    """A layer filename as a relative path that stays inside its folder; raises InvalidModel otherwise."""
+    """A layer filename as a relative path that stays inside its folder and that the file system can hold;
+    raises InvalidModel otherwise."""
     parts = name.replace("\\", "/").split("/")
     if not name or name.startswith("/") or any(p in ("", ".", "..") or "\x00" in p or ":" in p for p in parts):
-        raise InvalidModel(f"invalid file name {name!r}: must be a relative path without '..'")
+        raise InvalidModel(f"invalid file name {name[:100]!r}: must be a relative path without '..'")
+    too_long = next((p for p in parts if len(p.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES), None)
+    if too_long is not None or len(name.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise InvalidModel(f"invalid file name {name[:60]!r}...: each part of a file name may have at most "
+                           f"{MAX_NAME_BYTES} bytes, the whole name {MAX_PATH_BYTES}")
     return Path(*parts)
 
 

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import AsyncIterable, Iterable
 
@@ -14,6 +15,45 @@ from .names import ModelName, format_digest, parse_digest
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".evenflow-tmp-"  # leftovers of a crashed write carry this prefix and are ignored/cleaned
+# Start-up pruning spares what may still be wanted: an unreferenced blob this recent may be an upload whose create
+# has not come yet (a client uploads every shard of a model, then creates), and a temp file this recent may be a
+# write in progress where file locks are not available.
+PRUNE_GRACE_S = 24 * 3600
+TEMP_GRACE_S = 3600
+
+try:
+    import fcntl
+except ImportError:  # Windows: temp files in use are told by their age alone
+    fcntl = None  # type: ignore[assignment]
+
+
+def hold_lock(fd: int) -> None:
+    """Mark a temp file as being written (an exclusive flock, released when the file is closed)."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass
+
+
+def _in_use(path: Path) -> bool:
+    """A temp file some writer (this process or another daemon on the same store) still holds open."""
+    if fcntl is None:
+        try:
+            return time.time() - path.stat().st_mtime < TEMP_GRACE_S
+        except OSError:
+            return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops our lock too
 
 
 class DigestMismatch(ValueError):
@@ -79,6 +119,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` so readers see either the old file or the complete new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+    hold_lock(fd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -117,6 +158,15 @@ class StoreLayout:
 
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).is_file()
+
+    def touch_blob(self, digest: str) -> bool:
+        """Mark a blob as just wanted (a client checked it before a create), so start-up pruning spares it for
+        PRUNE_GRACE_S; False if this store does not hold it."""
+        try:
+            os.utime(self.blob_path(digest))
+            return True
+        except OSError:
+            return False
 
     def blob_writer(self, digest: str) -> "BlobWriter":
         return BlobWriter(self, digest)
@@ -176,14 +226,15 @@ class StoreLayout:
         return digest
 
     def clean_temp_files(self) -> int:
-        """Remove leftovers of crashed writes (temp files); returns how many were removed."""
+        """Remove leftovers of crashed writes (temp files no writer holds); returns how many were removed."""
         removed = 0
         for base in (self.blobs, self.manifests):
             if not base.is_dir():
                 continue
             for p in base.rglob(TMP_PREFIX + "*"):
-                _unlink_quiet(p)
-                removed += 1
+                if p.is_file() and not _in_use(p):
+                    _unlink_quiet(p)
+                    removed += 1
         return removed
 
 
@@ -195,6 +246,7 @@ class BlobWriter:
         self.final = layout.blob_path(digest)
         self.final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=self.final.parent)
+        hold_lock(fd)  # another daemon starting on this store leaves an upload in progress alone
         self.tmp = Path(tmp)
         self._file = os.fdopen(fd, "wb")
         self._hash = hashlib.sha256()

@@ -124,6 +124,13 @@ def parse_name(text: str) -> ModelName:
     return ModelName(host, namespace, model, tag)
 
 
+def name_scheme(text: str) -> str | None:
+    """The scheme a name spells out (`http://host/ns/model`), lower-cased; None when it names none."""
+    s = text.strip() if isinstance(text, str) else ""
+    head, sep, _ = s.partition("://")
+    return head.lower() if sep and head.lower() in ("http", "https") else None
+
+
 def is_valid_name(text: str) -> bool:
     """True if `text` parses as a model name."""
     try:

@@ -16,7 +16,7 @@ import httpx
 from .download import BlobDownload, DownloadError
 from .errors import StoreError
 from .manifest import MANIFEST_MEDIA_TYPE, Layer, Manifest, ManifestError
-from .names import ModelName, parse_name
+from .names import InvalidName, ModelName, name_scheme, parse_name
 
 if TYPE_CHECKING:
     from .store import ModelStore
@@ -32,8 +32,24 @@ class RegistryError(StoreError):
     """The registry refused or could not be reached; the message names the host."""
 
 
-def base_url(name: ModelName, insecure: bool) -> str:
-    return f"{'http' if insecure else 'https'}://{name.host}"
+def registry_scheme(name: str, insecure: bool) -> str:
+    """https, unless the name itself says http:// — which, as in Ollama, needs `insecure`.
+
+    Ollama (server/images.go, makeRequest) also turns every request into plain http when `insecure` is set, even to
+    registry.ollama.ai; Open WebUI sends `insecure: true` on every pull, so that would put every pull on the wire
+    unauthenticated, where anyone on the path can swap the manifest. Here `insecure` only permits a registry the
+    user named with http:// (a plain-HTTP registry in development). It never relaxes certificate checks: Ollama
+    has no such switch either."""
+    if name_scheme(name) == "http":
+        if not insecure:
+            raise InvalidName(f"insecure protocol http: {name!r} names a plain-HTTP registry; set insecure "
+                              "(--insecure) to use it")
+        return "http"
+    return "https"
+
+
+def base_url(name: ModelName, scheme: str) -> str:
+    return f"{scheme}://{name.host}"
 
 
 def _progress(status: str, digest: str | None = None, total: int | None = None,
@@ -57,7 +73,9 @@ def _request(client: httpx.Client, method: str, url: str, what: str, **kw: Any) 
         return client.request(method, url, **kw)
     except httpx.TransportError as e:
         host = urlsplit(url).netloc
-        raise RegistryError(f"{what}: cannot reach the registry at {host}: {e or type(e).__name__}") from e
+        hint = (f" (a plain-HTTP registry is named http://{host}/... and needs insecure)"
+                if url.startswith("https:") and isinstance(e, httpx.ConnectError) else "")
+        raise RegistryError(f"{what}: cannot reach the registry at {host}: {e or type(e).__name__}{hint}") from e
 
 
 def _fail(r: httpx.Response, what: str) -> RegistryError:
@@ -67,9 +85,9 @@ def _fail(r: httpx.Response, what: str) -> RegistryError:
     return RegistryError(f"{what}: {r.status_code}: {r.text.strip()[:300]}")
 
 
-def fetch_manifest(name: ModelName, insecure: bool) -> bytes:
+def fetch_manifest(name: ModelName, scheme: str) -> bytes:
     """GET the manifest bytes (kept verbatim: the model digest is their sha256)."""
-    url = f"{base_url(name, insecure)}/v2/{name.namespace}/{name.model}/manifests/{name.tag}"
+    url = f"{base_url(name, scheme)}/v2/{name.namespace}/{name.model}/manifests/{name.tag}"
     with _client() as c:
         r = _request(c, "GET", url, "pull model manifest", headers={"Accept": MANIFEST_MEDIA_TYPE})
     if r.status_code == 404:
@@ -79,9 +97,9 @@ def fetch_manifest(name: ModelName, insecure: bool) -> bytes:
     return r.content
 
 
-def direct_blob_url(name: ModelName, digest: str, insecure: bool) -> str:
+def direct_blob_url(name: ModelName, digest: str, scheme: str) -> str:
     """Follow same-host redirects; stop at the first one to another host (a CDN) and use its URL, as Ollama."""
-    url = f"{base_url(name, insecure)}/v2/{name.namespace}/{name.model}/blobs/{digest}"
+    url = f"{base_url(name, scheme)}/v2/{name.namespace}/{name.model}/blobs/{digest}"
     host = urlsplit(url).netloc
     with httpx.Client(timeout=httpx.Timeout(30.0), headers={"User-Agent": USER_AGENT}) as c:
         for _ in range(10):
@@ -137,19 +155,20 @@ class PullSteps:
 def pull(store: "ModelStore", name: str, insecure: bool = False) -> PullSteps:
     """Validate the name now; the returned iterator performs the pull, yielding Ollama's progress lines."""
     mn = parse_name(name)
-    return PullSteps(lambda sizes: _pull(store, mn, insecure, sizes))
+    scheme = registry_scheme(name, insecure)
+    return PullSteps(lambda sizes: _pull(store, mn, scheme, sizes))
 
 
-def _pull(store: "ModelStore", mn: ModelName, insecure: bool, sizes: dict[str, int]) -> Iterator[dict[str, Any]]:
+def _pull(store: "ModelStore", mn: ModelName, scheme: str, sizes: dict[str, int]) -> Iterator[dict[str, Any]]:
     yield _progress("pulling manifest")
-    raw = fetch_manifest(mn, insecure)
+    raw = fetch_manifest(mn, scheme)
     try:
         manifest = Manifest.from_bytes(raw)
     except ManifestError as e:
         raise RegistryError(f"pull model manifest: {mn.host} sent an invalid manifest: {e}") from e
     sizes.update({layer.digest: layer.size for layer in [*manifest.layers, manifest.config]})
     for layer in [*manifest.layers, manifest.config]:
-        yield from pull_blob(store, mn, layer, insecure)
+        yield from pull_blob(store, mn, layer, scheme)
     yield _progress("verifying sha256 digest")  # each blob was hashed before it got its final name
     yield _progress("writing manifest")
     removed = store.write_manifest_bytes(mn, raw)
@@ -158,12 +177,12 @@ def _pull(store: "ModelStore", mn: ModelName, insecure: bool, sizes: dict[str, i
     yield _progress("success")
 
 
-def pull_blob(store: "ModelStore", mn: ModelName, layer: Layer, insecure: bool) -> Iterator[dict[str, Any]]:
+def pull_blob(store: "ModelStore", mn: ModelName, layer: Layer, scheme: str) -> Iterator[dict[str, Any]]:
     label = f"pulling {layer.digest[7:19]}"
     if store.has_blob(layer.digest):
         yield _progress(label, layer.digest, layer.size, layer.size)
         return
-    dl = store.downloads.get(layer.digest, layer.size, lambda: direct_blob_url(mn, layer.digest, insecure))
+    dl = store.downloads.get(layer.digest, layer.size, lambda: direct_blob_url(mn, layer.digest, scheme))
     try:
         yield from wait_download(dl, label)
     except DownloadError as e:
@@ -173,14 +192,15 @@ def pull_blob(store: "ModelStore", mn: ModelName, layer: Layer, insecure: bool) 
 def push(store: "ModelStore", name: str, insecure: bool = False) -> Iterator[dict[str, Any]]:
     """Validate now; the iterator uploads missing blobs (HEAD, POST, PATCH, PUT) then PUTs the manifest."""
     mn = parse_name(name)
+    scheme = registry_scheme(name, insecure)
     found = store.manifest_bytes(mn)  # ModelNotFound before any network
-    return _push(store, mn, found, insecure)
+    return _push(store, mn, found, scheme)
 
 
-def _push(store: "ModelStore", mn: ModelName, raw: bytes, insecure: bool) -> Iterator[dict[str, Any]]:
+def _push(store: "ModelStore", mn: ModelName, raw: bytes, scheme: str) -> Iterator[dict[str, Any]]:
     yield _progress("retrieving manifest")
     manifest = Manifest.from_bytes(raw)
-    repo = f"{base_url(mn, insecure)}/v2/{mn.namespace}/{mn.model}"
+    repo = f"{base_url(mn, scheme)}/v2/{mn.namespace}/{mn.model}"
     with _client(timeout=300) as c:
         for layer in [*manifest.layers, manifest.config]:
             label = f"pushing {layer.digest[7:19]}"

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterable, Iterable, Iterator
@@ -19,7 +20,7 @@ from typing import Any, AsyncIterable, Iterable, Iterator
 from .download import DownloadManager
 from .errors import BlobNotFound, InvalidModel, ModelNotFound, ReadOnlyModel
 from .hfdir import HF_DIR, materialize_dir
-from .layout import TMP_PREFIX, StoreLayout, atomic_write_bytes, fsync_dir
+from .layout import PRUNE_GRACE_S, TMP_PREFIX, StoreLayout, atomic_write_bytes, fsync_dir
 from .manifest import (MT_FILE, MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_PROMPT, MT_SYSTEM, MT_TEMPLATE,
                        Manifest, ManifestError, ModelConfig)
 from .names import ModelName, parse_name
@@ -34,6 +35,13 @@ class _Found:
     path: Path
     layout: StoreLayout
     read_only: bool
+
+
+def _older(path: Path, cutoff: float) -> bool:
+    try:
+        return path.stat().st_mtime < cutoff
+    except OSError:
+        return False
 
 
 class ModelStore:
@@ -64,6 +72,11 @@ class ModelStore:
             if p.is_file():
                 return p
         raise BlobNotFound(digest)
+
+    def claim_blob(self, digest: str) -> bool:
+        """has_blob for a client about to create from it: our own copy is marked recent so that a restart before
+        the create does not prune it (see prune_unreferenced)."""
+        return self.layout.touch_blob(digest) or self.has_blob(digest)
 
     def write_blob(self, digest: str, chunks: Iterable[bytes]) -> bool:
         """Stream bytes into our store, verifying sha256; True if created, False if it already existed."""
@@ -374,18 +387,20 @@ class ModelStore:
         fsync_dir(self.layout.blobs)
         return removed
 
-    def prune_unreferenced(self) -> int:
+    def prune_unreferenced(self, grace_s: float = PRUNE_GRACE_S) -> int:
         """Delete our blobs (and materialised HF folders) that no manifest references: what interrupted creates
         and uploads left, as Ollama prunes at start-up. Returns how many blobs went; nothing if a manifest is
-        unreadable. Only for start-up: a blob uploaded for a create in progress is unreferenced too."""
+        unreadable. Only for start-up, and only blobs untouched for `grace_s`: a blob uploaded (or checked with
+        HEAD) for a create still to come is unreferenced too, and a restart in between must not lose it."""
         with self._lock:
             used, manifests = self._referenced()
             if "*" in used:
                 return 0
             used_hex = {d.split(":", 1)[-1].lower() for d in used}
             removed = 0
+            cutoff = time.time() - grace_s
             for p in self.layout.blobs.glob("sha256-*"):
-                if p.is_file() and p.name[len("sha256-"):].lower() not in used_hex:
+                if p.is_file() and p.name[len("sha256-"):].lower() not in used_hex and _older(p, cutoff):
                     p.unlink()
                     removed += 1
             hf = self.root / HF_DIR

@@ -9,14 +9,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...backends.base import ModelLoadError
+from ...backends.common.gguf_checks import check_hparams
 from ...backends.common.gguf_file import GGUFArray, GGUFFile, file_type_name
+from ...backends.common.safetensors_header import read_header as read_safetensors_header
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +68,11 @@ def _read_gguf_cached(path: str, size: int, mtime_ns: int) -> WeightsInfo:
     return _read_gguf(path, full=False)
 
 
-def _read_gguf(path: str, full: bool) -> WeightsInfo:
+def _read_gguf(path: str, full: bool, check: bool = False) -> WeightsInfo:
     try:
         with GGUFFile(path, lazy_arrays_over=None if full else SMALL_ARRAY) as gf:
+            if check:
+                check_hparams(gf.metadata, path)
             return _gguf_info(gf)
     except ModelLoadError as e:  # the message already names the file and the reason
         raise WeightsError(str(e)) from e
@@ -97,13 +101,27 @@ def _gguf_info(gf: GGUFFile) -> WeightsInfo:
     )
 
 
-def read_gguf(path: str | Path, full: bool = False) -> WeightsInfo:
-    """Header metadata of a GGUF file; `full` also materialises big arrays (for verbose show)."""
+def _check_hf_config(config: dict[str, Any]) -> None:
+    """An architecture evenflow runs must have hyperparameters its loaders accept (a 400 at create, not at load)."""
+    from ...backends.common.config import SUPPORTED_ARCHITECTURES, ModelArgs
+
+    if str(config.get("model_type")) in SUPPORTED_ARCHITECTURES:
+        try:
+            ModelArgs.from_hf_config(config)
+        except ModelLoadError as e:
+            raise WeightsError(str(e)) from None
+
+
+def read_gguf(path: str | Path, full: bool = False, check: bool = False) -> WeightsInfo:
+    """Header metadata of a GGUF file; `full` also materialises big arrays (for verbose show); `check` also
+    refuses hyperparameters a backend would crash on (for /api/create)."""
     path = str(path)
     try:
         st = os.stat(path)
     except OSError as e:
         raise WeightsError(f"{path}: cannot read model file: {e.strerror}") from e
+    if check:
+        return _read_gguf(path, full=False, check=True)
     if full:  # verbose show: big arrays materialised, so not kept in the cache
         return _read_gguf(path, full=True)
     return _read_gguf_cached(path, st.st_size, st.st_mtime_ns)
@@ -115,64 +133,76 @@ def _token_text(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _safetensors_header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise WeightsError(f"{path.name}: not a safetensors file (too short)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > 100_000_000:
-            raise WeightsError(f"{path.name}: not a safetensors file (header length {n})")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise WeightsError(f"{path.name}: safetensors header is not JSON: {e}") from e
-    if not isinstance(header, dict):
-        raise WeightsError(f"{path.name}: safetensors header is not an object")
-    return header
+def _json_file(path: Path, name: str) -> Any:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # "\ud800" escapes decode to text nothing can encode
+        return data
+    except RecursionError:
+        raise WeightsError(f"{name} is not readable JSON: nested too deeply") from None
+    except UnicodeEncodeError:
+        raise WeightsError(f"{name} holds a lone UTF-16 surrogate escape, which is not Unicode text") from None
+    except (OSError, ValueError) as e:
+        raise WeightsError(f"{name} is not readable JSON: {str(e)[:200]}") from None
+
+
+def _safetensors_params(path: Path, name: str) -> dict[str, int]:
+    """{dtype: element count} of one safetensors file, its header checked entry by entry."""
+    try:
+        with open(path, "rb") as f:
+            header, _ = read_safetensors_header(f, os.fstat(f.fileno()).st_size, name)
+    except ModelLoadError as e:
+        raise WeightsError(str(e)) from None
+    counts: dict[str, int] = {}
+    for t in header.values():
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        counts[t["dtype"]] = counts.get(t["dtype"], 0) + n
+    return counts
 
 
 def read_hf(files: dict[str, Path]) -> WeightsInfo:
-    """Metadata of an HF model given {relative filename: path}: config.json, tokenizer_config, safetensors."""
+    """Metadata of an HF model given {relative filename: path}: config.json, tokenizer_config, safetensors.
+    Errors name the files by these relative names (never a store path)."""
     if "config.json" not in files:
         raise WeightsError("safetensors models need a config.json file")
-    try:
-        config = json.loads(Path(files["config.json"]).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise WeightsError(f"config.json is not readable JSON: {e}") from e
+    config = _json_file(files["config.json"], "config.json")
     if not isinstance(config, dict):
         raise WeightsError("config.json must hold a JSON object")
-    tok_cfg: dict[str, Any] = {}
+    tok_cfg: Any = {}
     if "tokenizer_config.json" in files:
         try:
-            tok_cfg = json.loads(Path(files["tokenizer_config.json"]).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            log.warning("tokenizer_config.json is not valid JSON; ignoring it")
+            tok_cfg = _json_file(files["tokenizer_config.json"], "tokenizer_config.json")
+        except WeightsError as e:
+            log.warning("%s; ignoring it", e)
+    if not isinstance(tok_cfg, dict):
+        tok_cfg = {}
     template = tok_cfg.get("chat_template")
     if isinstance(template, list):  # named templates: take "default"
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
     if "chat_template.jinja" in files:
-        template = Path(files["chat_template.jinja"]).read_text(encoding="utf-8")
+        try:
+            template = Path(files["chat_template.jinja"]).read_text(encoding="utf-8")
+        except (OSError, ValueError) as e:
+            raise WeightsError(f"chat_template.jinja is not readable UTF-8 text: {str(e)[:200]}") from None
     params, dtypes = 0, {}
     for name, path in files.items():
         if not name.endswith(".safetensors"):
             continue
-        for tname, t in _safetensors_header(Path(path)).items():
-            if tname == "__metadata__" or not isinstance(t, dict):
-                continue
-            n = 1
-            for d in t.get("shape", []):
-                n *= int(d)
+        for dtype, n in _safetensors_params(Path(path), name).items():
             params += n
-            dtypes[t.get("dtype")] = dtypes.get(t.get("dtype"), 0) + n
-    arch = str(config.get("model_type") or (config.get("architectures") or ["unknown"])[0]).lower()
+            dtypes[dtype] = dtypes.get(dtype, 0) + n
+    _check_hf_config(config)
+    archs = config.get("architectures")
+    arch = str(config.get("model_type") or (archs[0] if isinstance(archs, list) and archs else "unknown")).lower()[:100]
     file_type = _ST_DTYPES.get(max(dtypes, key=dtypes.__getitem__), "") if dtypes else ""
     quant = config.get("quantization_config")
     if isinstance(quant, dict) and quant.get("quant_method"):
         file_type = str(quant["quant_method"]).upper()
     md: dict[str, Any] = {"general.architecture": arch, "general.parameter_count": params}
     for k, v in config.items():
-        if isinstance(v, (str, int, float, bool)) and k != "model_type":
+        if k != "model_type" and (isinstance(v, (str, int, bool)) or isinstance(v, float) and math.isfinite(v)):
             md[f"{arch}.{k}"] = v
     marker = config.get("evenflow")
     synthetic = bool(config.get("evenflow_synthetic")) or (isinstance(marker, dict) and bool(marker.get("synthetic")))

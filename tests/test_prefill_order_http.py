@@ -155,3 +155,34 @@ def test_waiting_requests_are_told_on_the_event_feed_with_their_position(daemon:
         events.unsubscribe()
         for t in threads:
             t.join(60)
+
+
+@pytest.mark.parametrize("body,ok", [
+    ({"options": {"priority": "background"}}, True), ({"options": {"priority": -3}}, True),
+    ({"options": {"priority": "urgent"}}, False), ({"options": {"priority": 1.5}}, False),
+    ({"options": {"priority": 10_000}}, False), ({"options": {"priority": True}}, False),
+])
+def test_priority_option_on_the_ollama_api(daemon: Daemon, body: dict[str, Any], ok: bool) -> None:
+    r = httpx.post(daemon.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
+                                                         **body, "options": {"num_predict": 2, **body["options"]}},
+                   timeout=120)
+    assert r.status_code == (200 if ok else 400), r.text
+    if not ok:
+        assert "priority" in r.json()["error"]
+
+
+def test_priority_on_the_openai_api_reaches_the_engine(daemon: Daemon) -> None:
+    engine_events: list[dict[str, Any]] = []
+    httpx.post(daemon.url + "/api/generate", json={"model": "tiny"}, timeout=120)  # loaded
+    engine = daemon.ctx.manager.models["tiny:latest"].engine
+    unsubscribe = engine.subscribe(lambda ev: ev.get("event") == "queued" and engine_events.append(ev))
+    try:
+        r = httpx.post(daemon.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2,
+                                                             "priority": "interactive"}, timeout=120)
+        assert r.status_code == 200, r.text
+        bad = httpx.post(daemon.url + "/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "priority": [1]}, timeout=120)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
+    finally:
+        unsubscribe()
+    assert [e["priority"] for e in engine_events] == [-1]

@@ -91,6 +91,12 @@ def test_a_question_gets_its_first_token_before_a_document_finishes_ingesting(da
         events.wait_for(gate, type="request", event="scheduled", seq_id=doc["seq_id"])  # it is going in
         threads.append(post_stream(daemon.url, {"model": "tiny", "prompt": "Quick question: what is 2+2?",
                                                 "options": {"num_predict": 4}}, replies["chat"]))
+        # no step goes through until the question has reached the engine (on a loaded machine its HTTP request
+        # can take longer than the document's whole prefill)
+        for _ in range(6000):
+            if engine._inbox:
+                break
+            threading.Event().wait(0.01)
         chat = events.wait_for(gate, type="request", event="queued",
                                pred=lambda e: e["seq_id"] not in (stream_id, doc["seq_id"]))
         events.wait_for(gate, type="request", event="first_token", seq_id=chat["seq_id"])

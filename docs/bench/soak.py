@@ -150,7 +150,8 @@ def metric(url: str, name: str) -> float:
 
 class Soak:
     def __init__(self, url: str, model: str, seconds: float, streams: int, disconnect: float,
-                 enough: dict[str, int] | None = None, min_seconds: float = 0) -> None:
+                 enough: dict[str, int] | None = None, min_seconds: float = 0, shared: int = 3) -> None:
+        self.shared = shared  # shared-prefix chat clients
         self.url, self.model, self.deadline = url, model, time.monotonic() + seconds
         self.enough = enough  # stop early once every count reached these (the warm-up: each kind of request done)
         self.not_before = time.monotonic() + min_seconds  # ... but not before this
@@ -159,7 +160,9 @@ class Soak:
         self.gaps: list[float] = []  # ms between chunks of the short streams
         self.version_ms: list[float] = []
         self.errors: list[str] = []
-        self.counts = {"streams": 0, "disconnected": 0, "documents": 0, "bad_400": 0, "bad_413": 0}
+        self.counts = {"streams": 0, "disconnected": 0, "documents": 0, "shared_prefix": 0, "bad_400": 0,
+                       "bad_413": 0}
+        self.statuses: dict[int, int] = {}  # every HTTP status answered, over all clients
 
     @property
     def end(self) -> float:
@@ -176,6 +179,10 @@ class Soak:
         with self.lock:
             self.counts[key] += 1
 
+    def status(self, code: int) -> None:
+        with self.lock:
+            self.statuses[code] = self.statuses.get(code, 0) + 1
+
     def stream_client(self, seed: int) -> None:
         rng = random.Random(seed)
         with httpx.Client(base_url=self.url, timeout=300) as c:
@@ -184,6 +191,7 @@ class Soak:
                 body = {"model": self.model, "prompt": f"story {rng.random()}", "options": {"num_predict": 64}}
                 try:
                     with c.stream("POST", "/api/generate", json=body) as r:
+                        self.status(r.status_code)
                         if r.status_code != 200:
                             self.error(f"stream status {r.status_code}")
                             continue
@@ -217,6 +225,7 @@ class Soak:
                 except httpx.HTTPError as e:
                     self.error(f"document transport: {type(e).__name__}")
                     continue
+                self.status(r.status_code)
                 if r.status_code == 200:
                     self.count("documents")
                 else:
@@ -248,10 +257,36 @@ class Soak:
                         continue
                     ok = r.status_code == 400
                     key = "bad_400"
+                self.status(r.status_code)
                 if ok:
                     self.count(key)
                 else:
                     self.error(f"bad input got {r.status_code}: {r.text[:100]}")
+
+    def shared_prefix_client(self, seed: int) -> None:
+        """Chats that share long system prompts (one of three, repeated 1-3 times) with different questions,
+        concurrently with each other and with everything else: the traffic of issue 27's prefix-cache failure."""
+        rng = random.Random(1000 + seed)
+        preambles = [f"You are assistant {k}. " + " ".join(f"Rule {i}: answer in at most {i + k} words about "
+                                                           f"topic {i * 7 + k}." for i in range(40)) for k in range(3)]
+        with httpx.Client(base_url=self.url, timeout=600) as c:
+            while time.monotonic() < self.end:
+                system = preambles[rng.randrange(3)] * rng.randint(1, 3)
+                body = {"model": self.model, "stream": rng.random() < 0.5,
+                        "messages": [{"role": "system", "content": system},
+                                     {"role": "user", "content": f"Question {rng.randrange(6)}: what now?"}],
+                        "options": {"num_predict": 12, "temperature": 0}}
+                try:
+                    r = c.post("/api/chat", json=body)
+                except httpx.HTTPError as e:
+                    self.error(f"shared-prefix transport: {type(e).__name__}")
+                    continue
+                self.status(r.status_code)
+                last = json.loads(r.text.strip().splitlines()[-1]) if r.text.strip() else {}
+                if r.status_code == 200 and last.get("done") and "error" not in last:
+                    self.count("shared_prefix")
+                else:
+                    self.error(f"shared-prefix got {r.status_code}: {r.text[-200:]}")
 
     def version_prober(self) -> None:
         with httpx.Client(base_url=self.url, timeout=60) as c:
@@ -263,6 +298,7 @@ class Soak:
                     self.error(f"version transport: {type(e).__name__}")
                     continue
                 dt = (time.perf_counter() - t0) * 1e3
+                self.status(r.status_code)
                 if r.status_code != 200:
                     self.error(f"version status {r.status_code}")
                 with self.lock:
@@ -272,6 +308,7 @@ class Soak:
     def run(self) -> None:
         threads = [threading.Thread(target=self.stream_client, args=(i,)) for i in range(self.streams)]
         threads += [threading.Thread(target=f) for f in (self.document_client, self.bad_client, self.version_prober)]
+        threads += [threading.Thread(target=self.shared_prefix_client, args=(i,)) for i in range(self.shared)]
         for t in threads:
             t.start()
         for t in threads:
@@ -283,6 +320,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--disconnect", type=float, default=0.25, help="share of streams cut mid-way")
+    ap.add_argument("--shared-prefix", type=int, default=3, help="chat clients sharing long system prompts")
     ap.add_argument("--warmup", type=float, default=600,
                     help="at most this many seconds of the same load before RSS is first read (it ends sooner, once "
                          "every kind of request has been answered twice)")
@@ -324,7 +362,9 @@ def main() -> None:
         rss_start = rss_kb(proc.pid)
         t_warm = time.monotonic()
         warmup = Soak(url, "demo", args.warmup, args.streams, args.disconnect,  # arenas, caches: not a leak
-                      enough={"streams": 2, "documents": 2, "bad_400": 4, "bad_413": 2}, min_seconds=args.min_warmup)
+                      enough={"streams": 2, "documents": 2, "bad_400": 4, "bad_413": 2,
+                              "shared_prefix": 2 if args.shared_prefix else 0},
+                      min_seconds=args.min_warmup, shared=args.shared_prefix)
         warmup.run()
         warm_s = time.monotonic() - t_warm
         time.sleep(2)
@@ -333,7 +373,7 @@ def main() -> None:
         signal_and_wait(proc, signal.SIGUSR2)
         rss0 = rss_kb(proc.pid)  # idle, after a trim: what the daemon holds once warm
         maps0 = mappings(proc.pid)
-        soak = Soak(url, "demo", 0, args.streams, args.disconnect)
+        soak = Soak(url, "demo", 0, args.streams, args.disconnect, shared=args.shared_prefix)
         t0 = time.monotonic()
         checkpoints: list[tuple[float, float]] = []  # (minutes into the run, idle trimmed MB): a leak is a slope
         biggest = [largest_mapping(maps0)]  # the resident MB of the largest mapping (llama.cpp's buffers) at each
@@ -355,7 +395,10 @@ def main() -> None:
         sampler.stop.set()
         after = {"kv_blocks_used": metric(url, "evenflow_kv_blocks_used"),
                  "running": metric(url, "evenflow_running_sequences"),
-                 "queue": metric(url, "evenflow_queue_depth"), "pool_running": None}
+                 "queue": metric(url, "evenflow_queue_depth"), "pool_running": None,
+                 "prefix_cache_hit_tokens": metric(url, "evenflow_prefix_cache_hit_tokens_total"),
+                 "prefix_cache_fallback_tokens": metric(url, "evenflow_prefix_cache_fallback_tokens_total"),
+                 "daemon_alive": proc.poll() is None}
         ps = httpx.get(url + "/api/ps", timeout=30).json()
     finally:
         proc.terminate()
@@ -367,6 +410,8 @@ def main() -> None:
         "daemon": "evenflow serve with default settings (backend auto), synthetic demo model, HTTP on loopback",
         "minutes": round(elapsed / 60, 2), "streams": args.streams, "disconnect_share": args.disconnect,
         "counts": soak.counts, "errors": len(soak.errors), "error_samples": soak.errors[:10],
+        "statuses": {str(k): soak.statuses.get(k, 0) + warmup.statuses.get(k, 0)
+                     for k in sorted(set(soak.statuses) | set(warmup.statuses))},
         "gap_ms": {p: round(pct(soak.gaps, float(p[1:])), 1) for p in ("p50", "p90", "p99")} | {"n": len(soak.gaps)},
         "version_ms": {p: round(pct(soak.version_ms, float(p[1:])), 1) for p in ("p50", "p99")}
                       | {"max": round(max(soak.version_ms or [0]), 1), "n": len(soak.version_ms)},
@@ -389,6 +434,12 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"soak: {result['minutes']} min on {cpu} ({os.cpu_count()} cores, shared machine)")
     print(f"{'errors':<28}{result['errors']}")
+    st = result["statuses"]
+    print(f"{'requests (warm-up + run)':<28}{sum(st.values())}: " + ", ".join(f"{k}: {v}" for k, v in st.items())
+          + f"; 5xx: {sum(v for k, v in st.items() if k.startswith('5'))}; daemon alive at the end: "
+          f"{after['daemon_alive']}")
+    print(f"{'prefix cache hit / fallback':<28}{after['prefix_cache_hit_tokens']:.0f} / "
+          f"{after['prefix_cache_fallback_tokens']:.0f} tokens")
     for k, v in soak.counts.items():
         print(f"{k:<28}{v}")
     print(f"{'stream gap ms p50/p90/p99':<28}{result['gap_ms']['p50']} / {result['gap_ms']['p90']} / "

@@ -105,17 +105,16 @@ def cmd_stop(args: argparse.Namespace) -> None:
 
 def cmd_version(args: argparse.Namespace) -> None:
     """Ollama's `-v`: the server's version, and the client's when they differ or no server answers."""
-    client = __version__
     try:
         with daemon_client() as c:
             server = check(c.get("/api/version")).json()
     except httpx.HTTPError:
         print("Warning: could not connect to a running evenflow instance")
-        print(f"Warning: client version is {client}")
+        print(f"Warning: client version is {__version__}")
         return
     print(f"evenflow version is {server.get('evenflow', '?')} (Ollama API {server.get('version', '?')})")
-    if server.get("evenflow") != client:
-        print(f"Warning: client version is {client}")
+    if server.get("evenflow") != __version__:
+        print(f"Warning: client version is {__version__}")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
-from .connect import auth_headers
+from ..link.connect import auth_headers
 from .bench_http import (ProgressFn, check_target, detect_model, make_prompt, normalize_protocol, stream_request,
                          wants_ignore_eos)
 from .bench_metrics import RequestRecord, stall_windows, summarize

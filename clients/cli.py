@@ -1,5 +1,5 @@
-"""The `evenflow` console script: `serve` (every setting a flag), and list/ps/show/rm/cp/stop over HTTP (run: run.py, repl.py;
-pull/push/create: transfer.py)."""
+"""The `evenflow` console script: `serve` (every setting a flag), and list/ps/show/rm/cp/stop over HTTP (run: run.py,
+session.py, repl.py; pull/push/create: transfer.py; key/discover: lan_cli.py; monitor/demo: tui/)."""
 from __future__ import annotations
 
 import argparse
@@ -8,35 +8,15 @@ import os
 import re
 import sys
 from datetime import datetime, timezone
-from typing import Any
 
 import httpx
 
+from .. import __version__, tui
 from ..daemon.config import SETTINGS, ConfigError, load_settings
-from . import connect, lan_cli, service
-from .discover import DiscoveryError
-
-
-def _base_url() -> str:
-    return connect.base_url()  # EVENFLOW_HOST / OLLAMA_HOST; `auto` finds a daemon on the LAN
-
-
-class CLIError(Exception):
-    pass
-
-
-def _client() -> httpx.Client:
-    return httpx.Client(base_url=_base_url(), headers=connect.auth_headers(), timeout=httpx.Timeout(None, connect=5.0))
-
-
-def _check(r: httpx.Response) -> httpx.Response:
-    if r.status_code >= 400:
-        try:
-            msg = r.json().get("error", r.text)
-        except (ValueError, AttributeError):
-            msg = r.text
-        raise CLIError(f"Error: {msg}")
-    return r
+from ..link import connect
+from ..link.discover import DiscoveryError
+from . import lan_cli, run, service, transfer
+from .common import CLIError, check, daemon_client, print_show_info
 
 
 def _size(n: int) -> str:
@@ -71,16 +51,16 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> None:
-    with _client() as c:
-        models = _check(c.get("/api/tags")).json()["models"]
+    with daemon_client() as c:
+        models = check(c.get("/api/tags")).json()["models"]
     rows = [["NAME", "ID", "SIZE", "MODIFIED"]]
     rows += [[m["name"], m["digest"][:12], _size(m["size"]), _ago(m["modified_at"])] for m in models]
     print(_table(rows))
 
 
 def cmd_ps(args: argparse.Namespace) -> None:
-    with _client() as c:
-        models = _check(c.get("/api/ps")).json()["models"]
+    with daemon_client() as c:
+        models = check(c.get("/api/ps")).json()["models"]
     rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
     for m in models:
         vram, size = m.get("size_vram", 0), m.get("size", 0)
@@ -95,8 +75,8 @@ def cmd_ps(args: argparse.Namespace) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> None:
-    with _client() as c:
-        info = _check(c.post("/api/show", json={"model": args.model})).json()
+    with daemon_client() as c:
+        info = check(c.post("/api/show", json={"model": args.model})).json()
     for part in ("modelfile", "template", "system", "license", "parameters"):
         if getattr(args, part):
             print(info.get(part, ""))
@@ -104,57 +84,37 @@ def cmd_show(args: argparse.Namespace) -> None:
     print_show_info(info)
 
 
-def print_show_info(info: dict[str, Any]) -> None:
-    """`ollama show`'s summary: model, capabilities, parameters."""
-    d = info.get("details", {})
-    print("  Model")
-    for k, v in (("architecture", d.get("family")), ("parameters", d.get("parameter_size")),
-                 ("context length", info.get("model_info", {}).get(f"{d.get('family')}.context_length")),
-                 ("quantization", d.get("quantization_level"))):
-        print(f"    {k:<20}{v}")
-    if info.get("capabilities"):
-        print("\n  Capabilities")
-        for cap in info["capabilities"]:
-            print(f"    {cap}")
-    if info.get("parameters"):
-        print("\n  Parameters")
-        for line in info["parameters"].splitlines():
-            print(f"    {line}")
-
-
 def cmd_rm(args: argparse.Namespace) -> None:
-    with _client() as c:
+    with daemon_client() as c:
         for name in args.models:
             c.post("/api/generate", json={"model": name, "keep_alive": 0, "stream": False})  # unload first
-            _check(c.request("DELETE", "/api/delete", json={"model": name}))
+            check(c.request("DELETE", "/api/delete", json={"model": name}))
             print(f"deleted '{name}'")
 
 
 def cmd_cp(args: argparse.Namespace) -> None:
-    with _client() as c:
-        _check(c.post("/api/copy", json={"source": args.source, "destination": args.destination}))
+    with daemon_client() as c:
+        check(c.post("/api/copy", json={"source": args.source, "destination": args.destination}))
     print(f"copied '{args.source}' to '{args.destination}'")
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
-    with _client() as c:
-        _check(c.post("/api/generate", json={"model": args.model, "keep_alive": 0, "stream": False}))
+    with daemon_client() as c:
+        check(c.post("/api/generate", json={"model": args.model, "keep_alive": 0, "stream": False}))
 
 
 def cmd_version(args: argparse.Namespace) -> None:
     """Ollama's `-v`: the server's version, and the client's when they differ or no server answers."""
-    from .. import __version__ as client  # noqa: PLC0415
-
     try:
-        with _client() as c:
-            server = _check(c.get("/api/version")).json()
+        with daemon_client() as c:
+            server = check(c.get("/api/version")).json()
     except httpx.HTTPError:
         print("Warning: could not connect to a running evenflow instance")
-        print(f"Warning: client version is {client}")
+        print(f"Warning: client version is {__version__}")
         return
     print(f"evenflow version is {server.get('evenflow', '?')} (Ollama API {server.get('version', '?')})")
-    if server.get("evenflow") != client:
-        print(f"Warning: client version is {client}")
+    if server.get("evenflow") != __version__:
+        print(f"Warning: client version is {__version__}")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -176,8 +136,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_tui(args: argparse.Namespace) -> None:
-    from .. import tui  # noqa: PLC0415 - textual loads only for the TUI
-
     if args.command == "monitor":
         tui.run_monitor(args.host, discover=args.discover)
     else:
@@ -214,8 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("source")
     cp.add_argument("destination")
     cp.set_defaults(func=cmd_cp)
-    from . import run, transfer  # noqa: PLC0415 - run and the transfer verbs live in their own modules
-
     run.add_parser(sub)
     transfer.add_parsers(sub)
     st = sub.add_parser("stop", help="unload a model")

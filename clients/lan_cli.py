@@ -7,7 +7,7 @@ import sys
 from dataclasses import asdict
 
 from ..daemon.apikey import default_key_file, new_key, read_key_file, write_key_file
-from .discover import DiscoveryError, discover
+from ..link.discover import DiscoveryError, discover
 
 
 def cmd_key_new(args: argparse.Namespace) -> None:

@@ -5,11 +5,10 @@ import argparse
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 
-from .connect import base_url
+from ..link.connect import base_url
 from .service_files import (ENV_TEMPLATE, LAUNCHD_LABEL, UNIT_NAME, ServicePaths, evenflow_command, read_env_file,
                             render_plist, render_unit, service_paths)
 

@@ -42,7 +42,7 @@ def evenflow_command() -> list[str]:
 
 
 def service_paths(platform: str | None = None, home: Path | None = None) -> ServicePaths:
-    import platformdirs  # noqa: PLC0415
+    import platformdirs  # noqa: PLC0415 - only the service verbs need it
 
     platform = platform or sys.platform
     home = home or Path.home()

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Iterator
 
 import httpx
 
-from .cli import CLIError, _check, _client
+from .common import CLIError, check, daemon_client
 
 # Files of a safetensors model folder that `create` uploads (Ollama's createBlobs list, roughly).
 HF_FILES = ("*.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -109,7 +109,7 @@ def stream_lines(client: httpx.Client, path: str, body: dict[str, Any]) -> Itera
     with client.stream("POST", path, json=body) as r:
         if r.status_code >= 400:
             r.read()
-            _check(r)
+            check(r)
         for line in r.iter_lines():
             if line.strip():
                 yield json.loads(line)
@@ -120,12 +120,12 @@ def pull_model(client: httpx.Client, model: str, insecure: bool = False) -> None
 
 
 def cmd_pull(args: argparse.Namespace) -> None:
-    with _client() as c:
+    with daemon_client() as c:
         pull_model(c, args.model, args.insecure)
 
 
 def cmd_push(args: argparse.Namespace) -> None:
-    with _client() as c:
+    with daemon_client() as c:
         show_progress(stream_lines(c, "/api/push", {"model": args.model, "insecure": args.insecure}))
 
 
@@ -171,13 +171,13 @@ def upload_files(client: httpx.Client, files: dict[str, Path], view: ProgressVie
                     view.update({"status": label, "digest": digest, "total": size, "completed": sent})
                     yield chunk
 
-        _check(client.post(f"/api/blobs/{digest}", content=body(), headers={"Content-Length": str(size)}))
+        check(client.post(f"/api/blobs/{digest}", content=body(), headers={"Content-Length": str(size)}))
     return out
 
 
 def create_request(args: argparse.Namespace, view: ProgressView, client: httpx.Client) -> dict[str, Any]:
     """Parse the Modelfile here (as Ollama's CLI does) and turn FROM/ADAPTER paths into uploaded blobs."""
-    from ..daemon.store.modelfile import ModelfileError, parse_modelfile  # noqa: PLC0415
+    from ..daemon.store.modelfile import ModelfileError, parse_modelfile  # noqa: PLC0415 - daemon.store: ~0.3 s
 
     mf = Path(args.file).expanduser()
     try:
@@ -210,7 +210,7 @@ def create_request(args: argparse.Namespace, view: ProgressView, client: httpx.C
 
 
 def cmd_create(args: argparse.Namespace) -> None:
-    with _client() as c, ProgressView() as view:
+    with daemon_client() as c, ProgressView() as view:
         body = create_request(args, view, c)
         for item in stream_lines(c, "/api/create", body):
             if item.get("error"):

@@ -156,7 +156,7 @@ def test_one_shot_and_piped_runs(daemon: Daemon, tmp_path: Path) -> None:
 
 
 def test_timings_use_go_durations() -> None:
-    from evenflow.clients.run import go_duration
+    from evenflow.clients.session import go_duration
 
     assert [go_duration(n) for n in (999, 15_491, 12_345_000, 1_500_000_000, 62_500_000_000, 3_600_000_000_000)] == \
         ["999ns", "15.491µs", "12.345ms", "1.5s", "1m2.5s", "1h0m0s"]

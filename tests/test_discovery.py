@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from api_harness import BACKENDS, start_daemon, upload_model
-from evenflow.clients.discover import LanBrowser
+from evenflow.link.discover import LanBrowser
 from evenflow.daemon.config import load_settings
 from evenflow.daemon.discovery import TXT_STRING_MAX, advertised_addresses, models_txt
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from api_harness import BACKENDS, start_daemon, upload_model
-from evenflow.clients.discover import LanBrowser
+from evenflow.link.discover import LanBrowser
 from evenflow.tui.app import EvenflowApp
 from evenflow.tui.widgets import Resources, fmt_size
 from registry_server import Registry

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..clients.discover import DiscoveryError
+from ..link.discover import DiscoveryError
 from . import run_monitor
 
 

@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .feed import DaemonError, auth_headers
+from ..link.connect import auth_headers
+from .feed import DaemonError
 
 if TYPE_CHECKING:
     from .app import EvenflowApp

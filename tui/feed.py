@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from ..clients.connect import auth_headers, base_url  # noqa: F401 - base_url: the TUI's hosts resolve as the CLI's
+from ..link.connect import auth_headers
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 NEED_KEY = ("the daemon requires an API key: set EVENFLOW_API_KEY, or put the key in the key file "

@@ -32,7 +32,7 @@ def base_url(host: str | None = None, discover_timeout: float = 3.0) -> str:
     """A URL for `host` (None = the environment's); `auto` browses the LAN and takes the first daemon."""
     raw = (host or "").strip() or host_setting()
     if raw.lower() == "auto":
-        from .discover import first_daemon  # noqa: PLC0415 - zeroconf only when asked for
+        from .discover import first_daemon  # noqa: PLC0415 - the LAN browser (asyncio, zeroconf) only for `auto`
 
         return first_daemon(discover_timeout).url
     hp = parse_host(raw)

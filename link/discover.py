@@ -37,7 +37,7 @@ class Found:
 
 
 def _interfaces(interfaces: list[str] | None) -> Any:
-    from zeroconf import InterfaceChoice  # noqa: PLC0415
+    from zeroconf import InterfaceChoice  # noqa: PLC0415 - zeroconf (~0.15 s) only to browse
 
     chosen = interfaces or [a.strip() for a in os.environ.get(INTERFACES_ENV, "").split(",") if a.strip()]
     for a in chosen:
@@ -81,7 +81,7 @@ class LanBrowser:
         self._zc: Any = None
 
     def __enter__(self) -> "LanBrowser":
-        from zeroconf import ServiceBrowser, Zeroconf  # noqa: PLC0415
+        from zeroconf import ServiceBrowser, Zeroconf  # noqa: PLC0415 - zeroconf only to browse
 
         self._zc = Zeroconf(interfaces=self.interfaces)
         self._browser = ServiceBrowser(self._zc, SERVICE_TYPE, handlers=[self._on_change])
@@ -92,7 +92,7 @@ class LanBrowser:
         self._zc.close()
 
     def _on_change(self, zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
-        from zeroconf import ServiceStateChange  # noqa: PLC0415
+        from zeroconf import ServiceStateChange  # noqa: PLC0415 - zeroconf only to browse
 
         with self._cond:
             if state_change is ServiceStateChange.Removed:
@@ -105,7 +105,7 @@ class LanBrowser:
         """The daemons seen so far, resolved (from the cache when their records are already in)."""
         with self._cond:
             names = sorted(self._names)
-        from zeroconf import ServiceInfo  # noqa: PLC0415
+        from zeroconf import ServiceInfo  # noqa: PLC0415 - zeroconf only to browse
 
         out = []
         for name in names:
@@ -120,8 +120,8 @@ class LanBrowser:
 
     def _newest_txt(self, name: str) -> bytes | None:
         """The TXT most recently received: two updates within a second both stay cached (RFC 6762 §10.2)."""
-        from zeroconf import DNSText  # noqa: PLC0415
-        from zeroconf.const import _CLASS_IN, _TYPE_TXT  # noqa: PLC0415
+        from zeroconf import DNSText  # noqa: PLC0415 - zeroconf only to browse
+        from zeroconf.const import _CLASS_IN, _TYPE_TXT  # noqa: PLC0415 - zeroconf only to browse
 
         texts = [r for r in self._zc.cache.get_all_by_details(name, _TYPE_TXT, _CLASS_IN) if isinstance(r, DNSText)]
         return max(texts, key=lambda r: r.created).text if texts else None

@@ -13,7 +13,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..base import Batch, ModelInfo, RunnerSettings
+from ..base import Batch, ModelInfo, Runner, RunnerSettings
 from ..common import build_model_info
 from ..common.paging import check_batch
 from .attention import build_step_attention, dense_causal
@@ -50,11 +50,11 @@ def resolve_dtype(name: str, device: mx.Device) -> mx.Dtype:
     return _DTYPES[name]
 
 
-class MlxRunner:
-    """A loaded model on MLX (see base.Runner)."""
+class MlxRunner(Runner):
+    """A loaded model on MLX. Its KV lives in the engine's blocks, so Runner's prefix-cache
+    defaults fit as they are."""
 
     backend = "mlx"
-    prefix_caching = True  # KV lives in the engine's blocks, so shared prefix blocks need nothing more
 
     def __init__(self, model_path: str, settings: RunnerSettings) -> None:
         t0 = time.perf_counter()

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import torch
 
-from ..base import Batch, InsufficientMemory, ModelInfo, ModelLoadError, RunnerSettings
+from ..base import Batch, InsufficientMemory, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common import build_model_info, open_model
 from ..common.paging import check_batch
 from .attention import build_step_attention, dense_causal
@@ -46,11 +46,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-class TorchRunner:
-    """A loaded model on torch (see base.Runner)."""
+class TorchRunner(Runner):
+    """A loaded model on torch. Its KV lives in the engine's blocks, so Runner's prefix-cache
+    defaults fit as they are."""
 
     backend = "torch"
-    prefix_caching = True  # KV lives in the engine's blocks, so shared prefix blocks need nothing more
 
     def __init__(self, model_path: str, settings: RunnerSettings) -> None:
         t0 = time.perf_counter()

@@ -100,7 +100,7 @@ def penalty_history(seq: Sequence) -> list[int]:
 
 
 def runs_on_cpu(runner: Runner) -> bool:
-    return str(getattr(runner, "device", "cpu")).startswith("cpu")
+    return str(runner.device).startswith("cpu")
 
 
 def default_target_itl_ms(runner: Runner) -> float:
@@ -128,21 +128,18 @@ class Engine:
         self.name = name
         max_seqs = min(self.config.max_num_seqs or runner.max_num_seqs, runner.max_num_seqs)
         self.block_size = runner.block_size
-        # A runner declares it reads shared blocks correctly (`prefix_caching = True`); one that keeps KV outside
-        # the block pool also implements drop_blocks (and take_uncached) to mirror the cache (see docs/engine-api.md).
-        caching = self.config.prefix_caching and bool(getattr(runner, "prefix_caching", False))
+        # A runner declares it reads shared blocks correctly (`prefix_caching`); one that keeps KV outside the
+        # block pool mirrors the cache through the hooks of backends/base.Runner (drop_blocks, take_uncached, ...).
+        caching = self.config.prefix_caching and runner.prefix_caching
         self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching,
-                                   servable=getattr(runner, "servable_prefix", None))
-        if hasattr(runner, "reset_prefix_cache"):  # a new engine knows nothing the runner may still hold
-            runner.reset_prefix_cache()
-        self._drop_blocks = getattr(runner, "drop_blocks", None)
-        self._take_uncached = getattr(runner, "take_uncached", None)
+                                   servable=runner.servable_prefix)
+        runner.reset_prefix_cache()  # a new engine knows nothing the runner may still hold
         self.cache_hit_tokens = 0
         self.cache_query_tokens = 0
         self.policy = make_budget_policy(self.config, runner)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk,
-                            getattr(runner, "max_batch_tokens", None), getattr(runner, "shared_kv", False)),
+                            runner.max_batch_tokens, runner.shared_kv),
             self.blocks, self.policy,
             on_release=self._release_slot)
         self.context_length = min(self.config.context_length or runner.info.context_length, runner.info.context_length)
@@ -277,8 +274,7 @@ class Engine:
     # ---- engine thread ----
     def _release_slot(self, slot: int) -> None:
         self.runner.free(slot)
-        if self._take_uncached is not None:  # the runner had to drop cached KV of its own accord
-            self.blocks.uncache(self._take_uncached())
+        self.blocks.uncache(self.runner.take_uncached())  # cached KV the runner had to drop of its own accord
 
     def _post(self, kind: str, payload: Any) -> None:
         with self._cv:
@@ -352,8 +348,8 @@ class Engine:
         forgotten = self.blocks.take_forgotten()
         t0 = time.perf_counter()
         try:
-            if forgotten and self._drop_blocks is not None:
-                self._drop_blocks(forgotten)
+            if forgotten:
+                self.runner.drop_blocks(forgotten)
             logits = self.runner.step(batch)
         except Exception as e:  # noqa: BLE001 - only this step's sequences fail
             log.exception("forward pass failed; failing the %d sequences of this step", len(plan.spans))
@@ -362,8 +358,7 @@ class Engine:
             return
         dt = time.perf_counter() - t0
         self.steps += 1
-        if self._take_uncached is not None:  # cells the runner reused during the step (a parked stream taken over)
-            self.blocks.uncache(self._take_uncached())
+        self.blocks.uncache(self.runner.take_uncached())  # cells the runner reused (a parked stream taken over)
         for span in plan.spans:
             span.seq.num_computed += span.num_tokens
             self.blocks.commit(span.seq)

@@ -121,10 +121,6 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
 
-    def set_rope_factors(self, factors: np.ndarray) -> None:
-        """GGUF `rope_freqs.weight`: the llama3 scaling baked into per-frequency divisors."""
-        self.inv_freq = rope_inv_freq(self.args, factors).to(self.inv_freq.device)  # float32: positions need it
-
     def hidden(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: StepAttention,
                kv: PagedKVCache | None) -> torch.Tensor:
         """Last layer's output [T, hidden] before the final norm; writes the new K/V into `kv`."""

@@ -6,6 +6,7 @@ torch, mlx or llama_cpp.
 """
 from __future__ import annotations
 
+import abc
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -153,9 +154,13 @@ class RunnerSettings:
     kv_layout: str | None = None
 
 
-@runtime_checkable
-class Runner(Protocol):
-    """A loaded model on one backend. One engine thread calls `step` and `free`; never concurrently."""
+class Runner(abc.ABC):
+    """A loaded model on one backend: the whole contract the engine relies on (docs/engine-api.md describes it).
+
+    One engine thread calls `step`, `free` and the prefix-cache hooks, never concurrently. A subclass sets the
+    annotated attributes when it loads and implements the abstract methods; the capabilities below them have
+    defaults that fit a runner whose KV memory *is* the engine's block pool (torch, MLX): override them where
+    a backend differs (llama.cpp keeps KV cells of its own and overrides every one)."""
 
     backend: str  # "torch" | "mlx" | "llamacpp"
     info: ModelInfo
@@ -165,21 +170,48 @@ class Runner(Protocol):
     block_size: int
     max_num_seqs: int
 
+    # ---- optional capabilities (defaults: KV lives in the engine's blocks) ----
+    # Reads shared blocks through `SeqSpan.block_table` as they are, so the engine may share cached prefix
+    # blocks; False: the engine never shares (EngineConfig.prefix_caching is then ignored).
+    prefix_caching: bool = True
+    # Every query attends every occupied cell (llama.cpp's unified cache): the scheduler then models a step's
+    # attention as (its tokens) x (tokens all sequences hold).
+    shared_kv: bool = False
+    max_batch_tokens: int | None = None  # the most tokens one step may carry; None = no limit of the runner's
+    device: Any = "cpu"  # where it computes: str(device) starting with "cpu" gives the engine CPU defaults
+    kv_layout: str | None = None  # how the KV is laid out, where a backend has a choice (llama.cpp: streams | unified)
+    kv_types: tuple[str, str] | None = None  # (K, V) element type names, where a backend reports them
+
+    @abc.abstractmethod
     def step(self, batch: Batch) -> np.ndarray:
         """One forward pass; float32 logits [len(batch.logits_rows), vocab_size] in span order."""
-        ...
 
+    @abc.abstractmethod
     def free(self, slot: int) -> None:
         """Forget the KV of a slot (finish, abort, preempt). The engine reuses the slot afterwards."""
-        ...
 
+    @abc.abstractmethod
     def embed(self, token_ids: list[int]) -> np.ndarray:
         """Final-layer hidden states (after the final norm), float32 [len(token_ids), hidden]; no KV kept."""
-        ...
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Release memory; the runner is unusable afterwards."""
-        ...
+
+    # ---- prefix-cache hooks for KV kept outside the block pool (no-ops where the KV is the pool) ----
+    def drop_blocks(self, blocks: list[int]) -> None:
+        """Before a step: these blocks' contents will never be read again (freed uncached, or evicted)."""
+
+    def take_uncached(self) -> list[int]:
+        """After `free` and after each step: blocks whose cached contents the runner dropped on its own."""
+        return []
+
+    def servable_prefix(self, blocks: list[int]) -> int:
+        """How many leading blocks of a cached prefix (a hit at admission) this runner can still serve."""
+        return len(blocks)
+
+    def reset_prefix_cache(self) -> None:
+        """A new Engine is built on this runner: forget what a previous engine had cached."""
 
 
 class ModelLoadError(Exception):

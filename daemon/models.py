@@ -270,7 +270,7 @@ class ModelManager:
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
                       "context_length": ctx, "load_ms": model.load_duration_ns / 1e6, "size": model.size,
                       "slots": engine.scheduler.slots.size, "kv_tokens": engine.blocks.num_blocks * engine.block_size,
-                      "kv_layout": getattr(runner, "kv_layout", None), "kv_types": getattr(runner, "kv_types", None)})
+                      "kv_layout": runner.kv_layout, "kv_types": runner.kv_types})
         log.info("loaded %s in %.2fs (%s, ctx %d)", record.name, model.load_duration_ns / 1e9, backend, ctx)
         return model
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from evenflow.backends.base import Batch, ModelInfo
+from evenflow.backends.base import Batch, ModelInfo, Runner
 
 EOS, BOS, VOCAB = 256, 257, 258
 
@@ -29,9 +29,8 @@ class ByteTokenizer:
         return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
 
 
-class ToyRunner:
+class ToyRunner(Runner):
     backend = "toy"
-    prefix_caching = True
     chat_template = None
 
     def __init__(self, num_kv_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 4,

@@ -106,9 +106,11 @@ class ModelArgs:
                 raise ModelLoadError(f"rope_scaling {k}={repr(v)[:60]} must be a finite number > 0")
         if not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool):
             self.sliding_window = None  # informational only
-        if self.model_type == "qwen2":
-            self.attention_bias = True
-        if self.model_type == "qwen3":
+        # Every supported architecture runs on the one Llama decoder (backends/{torch,mlx}/models/llama.py); what
+        # sets a family apart is these flags, decided here once for every backend.
+        if self.model_type == "qwen2":  # q/k/v biases whatever config.json says (it has no attention_bias key)
+            self.attention_bias, self.qk_norm = True, False
+        if self.model_type == "qwen3":  # per-head RMSNorm on q and k before RoPE
             self.qk_norm = True
         if self.rope_scaling:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))

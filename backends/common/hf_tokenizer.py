@@ -139,11 +139,6 @@ class HFTokenizer:
     def id_to_piece(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    @property
-    def backend_tokenizer(self) -> HFTok:
-        """The underlying `tokenizers.Tokenizer`."""
-        return self._tok
-
 
 def _spelling_twin(tok: HFTok, special: set[int]) -> HFTok:
     """A copy that spells text exactly, as a grammar needs: the text of a token the grammar holds special stays

@@ -1,4 +1,4 @@
-"""Framework-neutral helpers for paged KV: validating a Batch against the pool, and flat cache slots."""
+"""Framework-neutral helpers for paged KV: validating a Batch (and token ids) against the pool, flat cache slots."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,3 +25,21 @@ def check_batch(batch: Batch, num_blocks: int) -> None:
         if s.length <= 0 or s.start < 0 or s.start + s.length > batch.num_tokens:
             raise ValueError(f"slot {s.slot}: span [{s.start}, {s.start + s.length}) outside the "
                              f"{batch.num_tokens}-token batch")
+
+
+def check_ids(token_ids: list[int], vocab_size: int) -> None:
+    """Raise ValueError naming the first id outside the vocabulary (on CUDA it would be a device-side assert,
+    which poisons the whole context)."""
+    if token_ids and not (0 <= min(token_ids) and max(token_ids) < vocab_size):
+        bad = next(t for t in token_ids if not 0 <= t < vocab_size)
+        raise ValueError(f"token id {bad} outside [0, {vocab_size})")
+
+
+def check_step(batch: Batch, block_size: int, num_blocks: int, vocab_size: int) -> None:
+    """ValueError for a step a paged pool cannot run: another block size, a span its blocks cannot hold, an id
+    outside the vocabulary."""
+    if batch.block_size != block_size:
+        raise ValueError(f"batch.block_size={batch.block_size} but the runner's KV uses {block_size}")
+    if batch.num_tokens:
+        check_batch(batch, num_blocks)
+        check_ids(batch.token_ids, vocab_size)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import llama_cpp.llama_cpp as L
 
-from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, RunnerSettings
+from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common.memory import host_kv_budget, plan_kv
 from . import amx, load_probe
 from .embedder import Embedder
@@ -91,14 +91,14 @@ def micro_batch_order(spans: list, streams: list[int]) -> list[int]:
     return [i for r in runs for i in r]
 
 
-class LlamaCppRunner:
-    """A GGUF model on llama.cpp with one generation context: `max_num_seqs` sequences, KV per stream or unified."""
+class LlamaCppRunner(Runner):
+    """A GGUF model on llama.cpp with one generation context: `max_num_seqs` sequences, KV per stream or unified.
+
+    Its KV cells live outside the engine's block pool: finished sequences' cells stay cached (streams.py,
+    prefix.py) and the prefix-cache hooks of base.Runner mirror the engine's cache. `shared_kv` (the unified
+    layout), `max_batch_tokens` (n_batch), `device`, `kv_layout` and `kv_types` are set per instance at load."""
 
     backend = "llamacpp"
-    prefix_caching = True  # finished sequences' cells stay cached (streams.py, prefix.py)
-    # unified layout only: each query attends every occupied cell, so the scheduler models a step's attention as
-    # (its tokens) x (tokens all sequences hold); set per instance in _setup
-    shared_kv = False
 
     def __init__(self, model_path: str, settings: RunnerSettings):
         if settings.max_num_seqs is not None and not 1 <= settings.max_num_seqs <= L.llama_max_parallel_sequences():

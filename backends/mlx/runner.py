@@ -13,9 +13,9 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..base import Batch, ModelInfo, RunnerSettings
+from ..base import Batch, ModelInfo, Runner, RunnerSettings
 from ..common import build_model_info
-from ..common.paging import check_batch
+from ..common.paging import check_ids, check_step
 from .attention import build_step_attention, dense_causal
 from ..common.memory import plan_kv
 from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
@@ -50,11 +50,11 @@ def resolve_dtype(name: str, device: mx.Device) -> mx.Dtype:
     return _DTYPES[name]
 
 
-class MlxRunner:
-    """A loaded model on MLX (see base.Runner)."""
+class MlxRunner(Runner):
+    """A loaded model on MLX. Its KV lives in the engine's blocks, so Runner's prefix-cache
+    defaults fit as they are."""
 
     backend = "mlx"
-    prefix_caching = True  # KV lives in the engine's blocks, so shared prefix blocks need nothing more
 
     def __init__(self, model_path: str, settings: RunnerSettings) -> None:
         t0 = time.perf_counter()
@@ -93,22 +93,18 @@ class MlxRunner:
                  time.perf_counter() - t0)
 
     def _ids(self, token_ids: list[int]) -> mx.array:
-        if token_ids and not (0 <= min(token_ids) and max(token_ids) < self.args.vocab_size):
-            bad = next(t for t in token_ids if not 0 <= t < self.args.vocab_size)
-            raise ValueError(f"token id {bad} outside [0, {self.args.vocab_size})")
+        check_ids(token_ids, self.args.vocab_size)
         return mx.array(np.asarray(token_ids, dtype=np.int32))
 
     def step(self, batch: Batch) -> np.ndarray:
         """One forward pass over every token of the step; float32 logits for `batch.logits_rows`."""
         if self.kv is None:
             raise RuntimeError("runner is closed")
-        if batch.block_size != self.block_size:
-            raise ValueError(f"batch.block_size={batch.block_size} but the runner's KV uses {self.block_size}")
+        check_step(batch, self.block_size, self.num_kv_blocks, self.args.vocab_size)
         rows = batch.logits_rows
         if batch.num_tokens == 0:
             return np.zeros((0, self.args.vocab_size), dtype=np.float32)
-        check_batch(batch, self.num_kv_blocks)
-        ids = self._ids(batch.token_ids)
+        ids = mx.array(np.asarray(batch.token_ids, dtype=np.int32))
         with mx.stream(self._mx_device):
             meta = build_step_attention(batch)
             positions = mx.array(np.asarray(batch.positions, dtype=np.int32))

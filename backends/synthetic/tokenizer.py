@@ -245,9 +245,6 @@ class Vocab:
     family: Family | None = None
     gguf_path: str | None = None  # a copied vocab: every tokenizer.* field comes from this file
 
-    def id_of(self, text: str | None) -> int | None:
-        return None if text is None else self.tokens.index(text)
-
     def output_mask(self) -> list[int]:
         """Ids whose output rows `text_only_output` zeroes: non-normal tokens and single-byte tokens."""
         out = []

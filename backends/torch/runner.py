@@ -7,9 +7,9 @@ import time
 import numpy as np
 import torch
 
-from ..base import Batch, InsufficientMemory, ModelInfo, ModelLoadError, RunnerSettings
+from ..base import Batch, InsufficientMemory, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common import build_model_info, open_model
-from ..common.paging import check_batch
+from ..common.paging import check_ids, check_step
 from .attention import build_step_attention, dense_causal
 from ..common.memory import plan_kv
 from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
@@ -46,11 +46,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-class TorchRunner:
-    """A loaded model on torch (see base.Runner)."""
+class TorchRunner(Runner):
+    """A loaded model on torch. Its KV lives in the engine's blocks, so Runner's prefix-cache
+    defaults fit as they are."""
 
     backend = "torch"
-    prefix_caching = True  # KV lives in the engine's blocks, so shared prefix blocks need nothing more
 
     def __init__(self, model_path: str, settings: RunnerSettings) -> None:
         t0 = time.perf_counter()
@@ -88,12 +88,6 @@ class TorchRunner:
                  self.num_kv_blocks, self.block_size, self.num_kv_blocks * block_bytes / 2**20,
                  time.perf_counter() - t0)
 
-    def _check_ids(self, token_ids: list[int]) -> None:
-        # An out-of-range id would be a device-side assert on CUDA, which poisons the whole context.
-        if token_ids and not (0 <= min(token_ids) and max(token_ids) < self.args.vocab_size):
-            bad = next(t for t in token_ids if not 0 <= t < self.args.vocab_size)
-            raise ValueError(f"token id {bad} outside [0, {self.args.vocab_size})")
-
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
@@ -102,13 +96,10 @@ class TorchRunner:
         """One forward pass over every token of the step; float32 logits for `batch.logits_rows`."""
         if self.kv is None:
             raise RuntimeError("runner is closed")
-        if batch.block_size != self.block_size:
-            raise ValueError(f"batch.block_size={batch.block_size} but the runner's KV uses {self.block_size}")
+        check_step(batch, self.block_size, self.num_kv_blocks, self.args.vocab_size)
         rows = batch.logits_rows
         if batch.num_tokens == 0:
             return np.zeros((0, self.args.vocab_size), dtype=np.float32)
-        check_batch(batch, self.num_kv_blocks)
-        self._check_ids(batch.token_ids)
         meta = build_step_attention(batch, self.device)
         h = self.model.hidden(self._tensor(batch.token_ids), self._tensor(batch.positions), meta, self.kv)
         if not rows:
@@ -121,7 +112,7 @@ class TorchRunner:
         """Final normed hidden states [n, hidden] of one causal pass; the KV cache is not touched."""
         if not token_ids:
             return np.zeros((0, self.args.hidden_size), dtype=np.float32)
-        self._check_ids(token_ids)
+        check_ids(token_ids, self.args.vocab_size)
         ids = self._tensor(token_ids)
         h = self.model.hidden(ids, torch.arange(len(token_ids), device=self.device), dense_causal(len(token_ids)), None)
         return self.model.norm(h).float().cpu().numpy()

@@ -1,7 +1,7 @@
 """How many prompt tokens a step may take on top of its decodes.
 
 Fixed policy: Sarathi's `chunk = min(C_max, T_budget - N_decodes)`. The adaptive, latency-targeted
-policy lives beside it and is chosen by `make_budget_policy`.
+policy lives beside it and is chosen by `make_budget_policy` (config.py).
 """
 from __future__ import annotations
 

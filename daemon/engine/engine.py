@@ -11,13 +11,15 @@ import concurrent.futures
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from ...backends.base import Runner
-from .budget import AdaptiveBudget, BudgetPolicy, FixedBudget, StepCost
+from .budget import AdaptiveBudget, StepCost
+# the config, stats and errors live in config.py; imported from here too (daemon/api, daemon/models.py, tests)
+from .config import EngineConfig, EngineError, EngineStats, EngineStopped, PromptTooLong, QueueFull  # noqa: F401
+from .config import make_budget_policy
 from .detokenizer import IncrementalDetokenizer
 from .grammar import Constraint, GrammarCompiler, mask_rows
 from .kv import BlockManager, blocks_for
@@ -28,58 +30,6 @@ from .scheduler import Scheduler, SchedulerConfig, StepPlan
 from .sequence import Delta, RequestStream, Sequence
 
 log = logging.getLogger(__name__)
-
-
-class EngineError(Exception):
-    pass
-
-
-class PromptTooLong(EngineError, ValueError):
-    """The prompt does not fit the context window (or the whole KV pool)."""
-
-
-class QueueFull(EngineError):
-    pass
-
-
-class EngineStopped(EngineError):
-    pass
-
-
-@dataclass
-class EngineConfig:
-    prefill_mode: str = "chunked"  # chunked | monolithic
-    max_num_batched_tokens: int = 256  # fixed token budget per step (decodes + prompt chunks)
-    max_prefill_chunk: int | None = None
-    max_num_seqs: int | None = None  # None = the runner's slots
-    target_itl_ms: float | None = 0.0  # > 0: adaptive, latency-targeted budget; None: by device; 0: fixed
-    max_queue: int = 512
-    context_length: int | None = None  # per-sequence window; None = the model's
-    prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (where the runner supports it)
-
-    def __post_init__(self) -> None:
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.target_itl_ms is not None and self.target_itl_ms < 0:
-            raise ValueError(f"target_itl_ms must be >= 0, got {self.target_itl_ms}")
-
-
-@dataclass
-class EngineStats:
-    running: int
-    waiting: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    steps: int
-    block_size: int
-    kv_blocks_cached: int = 0  # blocks holding a reusable prefix (in use or free)
-    cache_hit_tokens: int = 0  # tokens served from the prefix cache at admission, since load
-    cache_query_tokens: int = 0  # tokens looked up at admission, since load
-    prefix_fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve (recomputed), since load
-
-    @property
-    def cache_hit_rate(self) -> float:
-        return self.cache_hit_tokens / self.cache_query_tokens if self.cache_query_tokens else 0.0
 
 
 class _SeqState:
@@ -99,28 +49,6 @@ def penalty_history(seq: Sequence) -> list[int]:
     return seq.tokens(seq.num_tokens - n, seq.num_tokens) if n else []
 
 
-def runs_on_cpu(runner: Runner) -> bool:
-    return str(getattr(runner, "device", "cpu")).startswith("cpu")
-
-
-def default_target_itl_ms(runner: Runner) -> float:
-    """50 ms on an accelerator; on a CPU a prompt token costs milliseconds, so 150 ms keeps ingestion moving."""
-    return 150.0 if runs_on_cpu(runner) else 50.0
-
-
-def make_budget_policy(config: EngineConfig, runner: Runner) -> BudgetPolicy:
-    target = default_target_itl_ms(runner) if config.target_itl_ms is None else config.target_itl_ms
-    if target > 0:
-        # On a CPU a chunk deep into a long prompt can cost more than the target even at a few tokens (attention
-        # over the prefix dominates), so the floor there is small; on a GPU 16 rows cost what 1 does. Not below 4:
-        # a 2-token floor made a 16k prompt's TTFT 728 s instead of 443 s on a 2-core EPYC, and the P99 no better
-        # (217 vs 226 ms), since the streams decoding meanwhile grow and their own steps get dearer.
-        cpu = runs_on_cpu(runner)
-        return AdaptiveBudget(target, max_tokens=config.max_num_batched_tokens, tile=1 if cpu else 16,
-                              floor=4 if cpu else 16)
-    return FixedBudget(config.max_num_batched_tokens)
-
-
 class Engine:
     def __init__(self, runner: Runner, config: EngineConfig | None = None, name: str = "") -> None:
         self.runner = runner
@@ -128,21 +56,18 @@ class Engine:
         self.name = name
         max_seqs = min(self.config.max_num_seqs or runner.max_num_seqs, runner.max_num_seqs)
         self.block_size = runner.block_size
-        # A runner declares it reads shared blocks correctly (`prefix_caching = True`); one that keeps KV outside
-        # the block pool also implements drop_blocks (and take_uncached) to mirror the cache (see docs/engine-api.md).
-        caching = self.config.prefix_caching and bool(getattr(runner, "prefix_caching", False))
+        # A runner declares it reads shared blocks correctly (`prefix_caching`); one that keeps KV outside the
+        # block pool mirrors the cache through the hooks of backends/base.Runner (drop_blocks, take_uncached, ...).
+        caching = self.config.prefix_caching and runner.prefix_caching
         self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching,
-                                   servable=getattr(runner, "servable_prefix", None))
-        if hasattr(runner, "reset_prefix_cache"):  # a new engine knows nothing the runner may still hold
-            runner.reset_prefix_cache()
-        self._drop_blocks = getattr(runner, "drop_blocks", None)
-        self._take_uncached = getattr(runner, "take_uncached", None)
+                                   servable=runner.servable_prefix)
+        runner.reset_prefix_cache()  # a new engine knows nothing the runner may still hold
         self.cache_hit_tokens = 0
         self.cache_query_tokens = 0
         self.policy = make_budget_policy(self.config, runner)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk,
-                            getattr(runner, "max_batch_tokens", None), getattr(runner, "shared_kv", False)),
+                            runner.max_batch_tokens, runner.shared_kv),
             self.blocks, self.policy,
             on_release=self._release_slot)
         self.context_length = min(self.config.context_length or runner.info.context_length, runner.info.context_length)
@@ -277,8 +202,7 @@ class Engine:
     # ---- engine thread ----
     def _release_slot(self, slot: int) -> None:
         self.runner.free(slot)
-        if self._take_uncached is not None:  # the runner had to drop cached KV of its own accord
-            self.blocks.uncache(self._take_uncached())
+        self.blocks.uncache(self.runner.take_uncached())  # cached KV the runner had to drop of its own accord
 
     def _post(self, kind: str, payload: Any) -> None:
         with self._cv:
@@ -352,8 +276,8 @@ class Engine:
         forgotten = self.blocks.take_forgotten()
         t0 = time.perf_counter()
         try:
-            if forgotten and self._drop_blocks is not None:
-                self._drop_blocks(forgotten)
+            if forgotten:
+                self.runner.drop_blocks(forgotten)
             logits = self.runner.step(batch)
         except Exception as e:  # noqa: BLE001 - only this step's sequences fail
             log.exception("forward pass failed; failing the %d sequences of this step", len(plan.spans))
@@ -362,8 +286,7 @@ class Engine:
             return
         dt = time.perf_counter() - t0
         self.steps += 1
-        if self._take_uncached is not None:  # cells the runner reused during the step (a parked stream taken over)
-            self.blocks.uncache(self._take_uncached())
+        self.blocks.uncache(self.runner.take_uncached())  # cells the runner reused (a parked stream taken over)
         for span in plan.spans:
             span.seq.num_computed += span.num_tokens
             self.blocks.commit(span.seq)

@@ -1,4 +1,8 @@
-"""One small file per model family (mlx-lm style); `build_model` creates one and loads its weights by HF name."""
+"""The MLX model and its loading: `build_model` creates the decoder and fills its weights by HF name (maybe quantised).
+
+Every supported architecture (common.config.SUPPORTED_ARCHITECTURES) is the Llama decoder of llama.py with the
+flags ModelArgs sets for its family (qwen2: q/k/v biases, qwen3: q/k norms).
+"""
 from __future__ import annotations
 
 import logging
@@ -8,19 +12,12 @@ import mlx.nn as nn
 import numpy as np
 
 from ...base import ModelLoadError
+from ...common.checkpoint import IGNORED_SUFFIXES, check_complete, check_shape
 from ...common.config import ModelArgs, check_architecture
-from . import llama, qwen2, qwen3
+from . import llama
 
 log = logging.getLogger(__name__)
 
-MODEL_CLASSES: dict[str, type[llama.Model]] = {
-    "llama": llama.Model,
-    "mistral": llama.Model,
-    "qwen2": qwen2.Model,
-    "qwen3": qwen3.Model,
-}
-# HF checkpoints sometimes carry these; they are recomputed, not loaded.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 QUANT_PARTS = (".scales", ".biases")
 
 
@@ -51,9 +48,9 @@ def _quant_params(model: nn.Module, weights: dict[str, mx.array], mode: str, sou
 
 def build_model(args: ModelArgs, weights: dict[str, mx.array], dtype: mx.Dtype, source: str,
                 quant_mode: str = "affine") -> llama.Model:
-    """Create the family's model in `dtype` and fill every parameter from `weights` (HF names, maybe quantised)."""
+    """Create the decoder in `dtype` and fill every parameter from `weights` (HF names, maybe quantised)."""
     check_architecture(args.model_type, source)
-    model = MODEL_CLASSES[args.model_type](args)  # random init stays lazy: every parameter is replaced below
+    model = llama.Model(args)  # random init stays lazy: every parameter is replaced below
     rope = weights.pop("rope_freqs", None)
     if rope is not None:
         model.set_rope_factors(np.array(rope.astype(mx.float32)))
@@ -67,19 +64,14 @@ def build_model(args: ModelArgs, weights: dict[str, mx.array], dtype: mx.Dtype, 
     items: list[tuple[str, mx.array]] = []
     for name, arr in weights.items():
         if name not in expected:
-            if not name.endswith(_IGNORED_SUFFIXES):
+            if not name.endswith(IGNORED_SUFFIXES):
                 log.warning("%s: ignoring unexpected weight %r", source, name)
             continue
-        want = expected[name]
-        if tuple(arr.shape) != tuple(want.shape):
-            raise ModelLoadError(f"{source}: weight {name!r} has shape {tuple(arr.shape)}, expected {tuple(want.shape)}")
+        check_shape(source, name, arr.shape, expected[name].shape)
         if mx.issubdtype(arr.dtype, mx.floating):
             arr = arr.astype(dtype)  # scales/biases too: a QuantizedLinear computes in its scales' dtype
         items.append((name, arr))
-    missing = sorted(set(expected) - {n for n, _ in items})
-    if missing:
-        raise ModelLoadError(f"{source}: missing weights {', '.join(missing[:6])}"
-                             + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""))
+    check_complete(source, expected, (n for n, _ in items))
     model.load_weights(items, strict=True)
     model.eval()
     mx.eval(model.parameters())

@@ -1,4 +1,4 @@
-"""Llama / Mistral decoder in mlx.nn (also the shared layers for Qwen2/Qwen3), over flattened tokens.
+"""Llama / Mistral decoder in mlx.nn (Qwen2/Qwen3 too: ModelArgs' flags), over flattened tokens.
 
 Module and parameter names equal HF's (`model.layers.N.self_attn.q_proj.weight`, ...) and mlx-lm's, so HF,
 MLX-community (quantised: `.scales`/`.biases`) and GGUF weights all load by name. Every activation is
@@ -6,39 +6,14 @@ MLX-community (quantised: `.scales`/`.biases`) and GGUF weights all load by name
 """
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from ...common.config import ModelArgs
+from ...common.rope import rope_inv_freq
 from ..attention import StepAttention, paged_attention
 from ..kv import PagedKVCache
-
-
-def rope_inv_freq(args: ModelArgs, freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """Inverse frequencies [head_dim/2] (float32) with linear or llama3 scaling, or GGUF rope_freqs factors."""
-    dim = int(args.head_dim or 0)
-    inv = (1.0 / (args.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))).astype(np.float32)
-    if freq_factors is not None:  # GGUF stores llama3 scaling as per-frequency divisors
-        return (inv / freq_factors.astype(np.float32)).astype(np.float32)
-    sc = args.rope_scaling
-    if not sc:
-        return inv
-    kind = sc.get("rope_type", sc.get("type"))
-    factor = float(sc.get("factor", 1.0))
-    if kind == "linear":
-        return (inv / factor).astype(np.float32)
-    # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth blend in between.
-    low, high = float(sc.get("low_freq_factor", 1.0)), float(sc.get("high_freq_factor", 4.0))
-    old_ctx = float(sc.get("original_max_position_embeddings", 8192))
-    wavelen = 2 * math.pi / inv
-    scaled = np.where(wavelen > old_ctx / low, inv / factor, inv)
-    smooth = (old_ctx / wavelen - low) / (high - low)
-    blended = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old_ctx / high) & ~(wavelen > old_ctx / low)
-    return np.where(medium, blended, scaled).astype(np.float32)
 
 
 def rope_cos_sin(inv_freq: mx.array, positions: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:

@@ -1,16 +1,16 @@
-"""Llama / Mistral decoder (also the shared layers for Qwen2/Qwen3): flattened tokens, paged KV attention.
+"""Llama / Mistral decoder (Qwen2/Qwen3 too: ModelArgs' flags): flattened tokens, paged KV attention.
 
 Parameter names equal HF's (`model.layers.N.self_attn.q_proj.weight`, ...) so HF and GGUF weights load
 by name. Every tensor is [T, ...] over the flattened mixed batch: one matmul per linear per step.
 """
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...common import rope
 from ...common.config import ModelArgs
 from ..attention import StepAttention, paged_attention
 from ..kv import PagedKVCache
@@ -29,28 +29,12 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_inv_freq(args: ModelArgs, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    """Inverse frequencies [head_dim/2] (float32) with linear or llama3 scaling, or GGUF rope_freqs factors."""
+def rope_inv_freq(args: ModelArgs, freq_factors: np.ndarray | None = None) -> torch.Tensor:
+    """common.rope's inverse frequencies (float32, CPU), the unscaled ones from torch's float32 pow: exactly what
+    transformers computes (numpy's pow can differ in the last bit)."""
     dim = int(args.head_dim or 0)
-    inv = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    if freq_factors is not None:  # GGUF stores llama3 scaling as per-frequency divisors
-        return inv / freq_factors.float()
-    sc = args.rope_scaling
-    if not sc:
-        return inv
-    kind = sc.get("rope_type", sc.get("type"))
-    factor = float(sc.get("factor", 1.0))
-    if kind == "linear":
-        return inv / factor
-    # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth blend in between.
-    low, high = float(sc.get("low_freq_factor", 1.0)), float(sc.get("high_freq_factor", 4.0))
-    old_ctx = float(sc.get("original_max_position_embeddings", 8192))
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
-    smooth = (old_ctx / wavelen - low) / (high - low)
-    blended = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old_ctx / high) & ~(wavelen > old_ctx / low)
-    return torch.where(medium, blended, scaled)
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    return torch.from_numpy(rope.rope_inv_freq(args, freq_factors, inv.numpy()))
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,10 +120,6 @@ class Model(nn.Module):
         self.model = DecoderStack(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
-
-    def set_rope_factors(self, factors: torch.Tensor) -> None:
-        """GGUF `rope_freqs.weight`: the llama3 scaling baked into per-frequency divisors."""
-        self.inv_freq = rope_inv_freq(self.args, factors.to(self.inv_freq.device)).to(self.inv_freq.device)
 
     def hidden(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: StepAttention,
                kv: PagedKVCache | None) -> torch.Tensor:

@@ -14,8 +14,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..config import keep_alive_seconds
-from ..engine.params import InvalidParams, SamplingParams
+from ..engine.engine import EngineStopped, PromptTooLong, QueueFull
 from ..models import Lease, LoadedModel
 from .errors import SERVER_BUSY, APIError
 
@@ -34,64 +33,6 @@ def rfc3339(ts: float) -> str:
     if ts == float("inf") or ts > 4e10:
         ts = 4e10  # "forever": far in the future (year 3237), still a valid timestamp
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def parse_keep_alive(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return keep_alive_seconds(value)
-    except ValueError as e:
-        raise APIError(400, str(e)) from None
-
-
-def requested_num_ctx(options: dict[str, Any] | None) -> int | None:
-    """`options.num_ctx` validated (a positive integer) or None."""
-    if not options or options.get("num_ctx") is None:
-        return None
-    v = options["num_ctx"]
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise APIError(400, f"option 'num_ctx' must be a positive integer, got {v!r}")
-    return v
-
-
-def sampling_params(options: dict[str, Any] | None, defaults: dict[str, Any] | None = None,
-                    **overrides: Any) -> SamplingParams:
-    """Ollama's precedence (built-in < model PARAMETERs < request options < explicit overrides); 400 on bad values."""
-    if options is not None and not isinstance(options, dict):
-        raise APIError(400, f"options must be an object, got {type(options).__name__}")
-    merged = dict(options or {})
-    merged.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return SamplingParams.from_options(merged, defaults)
-    except InvalidParams as e:
-        raise APIError(400, str(e)) from None
-    except TypeError as e:
-        raise APIError(400, f"invalid options: {e}") from None
-
-
-def check_num_ctx(model: LoadedModel, num_ctx: int | None) -> int:
-    """The window this request gets; 400 when it asks for more than the model was trained on."""
-    if num_ctx is None:
-        return model.context_length
-    if num_ctx > model.trained_context:
-        raise APIError(400, f"num_ctx {num_ctx} exceeds the context length of model '{model.name}' "
-                            f"({model.trained_context} tokens); use num_ctx <= {model.trained_context}")
-    return min(num_ctx, model.context_length)
-
-
-def fit_to_context(prompt_ids: list[int], params: SamplingParams, ctx: int, model: LoadedModel) -> None:
-    """400 for a prompt that does not fit; caps num_predict when this request's num_ctx is below the window."""
-    n = len(prompt_ids)
-    if n >= ctx:
-        raise APIError(400, f"the prompt is {n} tokens but the context length of model '{model.name}' is {ctx} "
-                            f"tokens (it must leave room for at least one generated token); shorten the prompt "
-                            f"or raise num_ctx (up to {model.trained_context})")
-    if ctx < model.context_length:
-        room = ctx - n
-        params.num_predict = room if params.num_predict < 0 else min(params.num_predict, room)
 
 
 @dataclass
@@ -136,8 +77,6 @@ async def engine_stream(request: Request, lease: Lease, prep: "Prepared", endpoi
     Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses. The request's
     events name the model and endpoint, and carry the prompt text when the daemon logs content.
     """
-    from ..engine.engine import EngineStopped, PromptTooLong, QueueFull  # noqa: PLC0415
-
     model = lease.model
     user = {"model": model.name, "endpoint": endpoint}
     if request.app.state.ctx.settings.log_content:

@@ -9,12 +9,13 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from ... import __version__
 from . import logprobs as lp_format
 from . import prepare, prompting, remote
 from .errors import APIError, not_found, parse_body
-from .generation import (ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise,
-                         now_rfc3339, parse_keep_alive, requested_num_ctx)
+from .generation import ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise, now_rfc3339
 from .ollama_models import router as models_router
+from .options import parse_keep_alive, requested_num_ctx
 from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,7 @@ router = APIRouter()
 router.include_router(models_router)
 
 NDJSON = "application/x-ndjson"
+VERSION = "0.13.0"  # the Ollama API version we answer /api/version with (clients gate features on it)
 
 
 def _ctx(request: Request) -> Any:
@@ -35,9 +37,6 @@ async def root() -> PlainTextResponse:
 
 @router.api_route("/api/version", methods=["GET", "HEAD"])
 async def version() -> JSONResponse:
-    from ... import __version__  # noqa: PLC0415
-    from ..server import VERSION  # noqa: PLC0415
-
     return JSONResponse({"version": VERSION, "evenflow": __version__})
 
 

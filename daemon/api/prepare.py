@@ -14,7 +14,7 @@ from ..engine.params import SamplingParams
 from ..models import LoadedModel
 from . import prompt_size, prompting
 from .errors import APIError
-from .generation import check_num_ctx, fit_to_context, sampling_params
+from .options import check_num_ctx, fit_to_context, options_priority, request_priority, sampling_params
 from .schemas import ChatCompletionRequest, ChatRequest, CompletionRequest, GenerateRequest
 
 
@@ -32,29 +32,6 @@ class Prepared:
     logprobs: int | None = None  # None: no logprobs; k: each token's logprob and its k most likely alternatives
     n: int = 1  # choices sampled from the one prompt (/v1 `n`)
     priority: int = 0  # lower is scheduled sooner (the engine's prompt order)
-
-
-PRIORITY_NAMES = {"interactive": -1, "normal": 0, "background": 1}
-MAX_PRIORITY = 1000
-
-
-def request_priority(value: Any, field: str = "priority", param: str | None = None) -> int:
-    """A request's priority: an integer (vLLM's convention: lower is sooner, 0 normal) or a name; 400 otherwise."""
-    if value is None:
-        return 0
-    if isinstance(value, str) and value.strip().lower() in PRIORITY_NAMES:
-        return PRIORITY_NAMES[value.strip().lower()]
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
-        raise APIError(400, f"{field} must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY} (lower is sooner) or "
-                            f"one of {', '.join(PRIORITY_NAMES)}; got {json.dumps(value)[:100]}", param=param)
-    return value
-
-
-def options_priority(options: Any) -> int:
-    """`options.priority` on the Ollama API."""
-    return request_priority(options.get("priority") if isinstance(options, dict) else None, "option 'priority'")
 
 
 def check_format(fmt: Any) -> str | None:

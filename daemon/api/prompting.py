@@ -8,6 +8,7 @@ from typing import Any
 from .. import cancel
 from .. import templates as tpl
 from ..models import LoadedModel
+from ..store.names import parse_name
 from . import prompt_size
 from .errors import APIError
 
@@ -20,8 +21,6 @@ def template_of(model: LoadedModel) -> str | None:
 
 
 def full_name(model: LoadedModel) -> str:
-    from ..store.names import parse_name  # noqa: PLC0415
-
     try:
         return parse_name(model.name).full()
     except ValueError:

@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...backends.remote import RemoteEndpoint, UpstreamError, UpstreamStream
 from .errors import APIError
-from .generation import normalise, now_rfc3339, parse_keep_alive, rfc3339
+from .generation import normalise, now_rfc3339, rfc3339
+from .options import parse_keep_alive
 from .remote_convert import Reader, chat_messages, response_format, sampling, thinking
 from .remote_hub import PS_CHECK_S, PS_FAILED_TTL_S, RemoteModel, RemoteRun, hub_of, lookup
 

@@ -13,10 +13,12 @@ from ... import __version__
 from . import logprobs as lp_format
 from . import prepare, prompting, remote
 from .errors import APIError, not_found, parse_body
-from .generation import ClosingStreamingResponse, EngineChunks, collect, embed_ids, engine_stream, normalise, now_rfc3339
+from .embedding import embed_ids, normalise
+from .engine_stream import EngineChunks, collect_all, engine_stream
 from .ollama_models import router as models_router
 from .options import parse_keep_alive, requested_num_ctx
 from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
+from .wire import ClosingStreamingResponse, now_rfc3339
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -55,7 +57,7 @@ def ndjson(gen: AsyncIterator[dict[str, Any]], chunks: EngineChunks) -> Streamin
         except APIError as e:
             yield (json.dumps({"error": e.message}) + "\n").encode()
 
-    return ClosingStreamingResponse(lines(), chunks, NDJSON)
+    return ClosingStreamingResponse(lines(), chunks.close, NDJSON)
 
 
 async def _load_or_unload(request: Request, name: str, keep_alive: float | None, shape: dict[str, Any]) -> JSONResponse:
@@ -108,7 +110,7 @@ async def generate(request: Request) -> Response:
         return out
 
     if not stream:
-        g = await collect(chunks)
+        g = (await collect_all(chunks))[0]
         body = final_obj(g.token_ids, {"done_reason": g.done_reason, **g.metrics})
         thinking, content, _ = reply.parse_all(g.text)
         body["response"] = content
@@ -172,7 +174,7 @@ async def chat(request: Request) -> Response:
         return {"model": req.model, "created_at": now_rfc3339(), "message": msg, "done": False}
 
     if not stream:
-        g = await collect(chunks)
+        g = (await collect_all(chunks))[0]
         thinking, content, calls = reply.parse_all(g.text)
         body = chunk(content, thinking, calls)
         body.update(done=True, done_reason=g.done_reason, **g.metrics)

@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import remote
 from .errors import APIError, parse_body
-from .generation import rfc3339
 from .schemas import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
+from .wire import rfc3339
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -15,8 +15,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from . import logprobs as lp_format
 from . import prepare, prompting, remote
 from .errors import APIError, parse_body
-from .generation import ClosingStreamingResponse, EngineChunks, collect_all, embed_ids, engine_stream, normalise
+from .embedding import embed_ids, normalise
+from .engine_stream import EngineChunks, collect_all, engine_stream
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, OAIMessage
+from .wire import ClosingStreamingResponse
 
 router = APIRouter(prefix="/v1")
 FINGERPRINT = "fp_ollama"
@@ -52,7 +54,7 @@ def _sse(objs: AsyncIterator[dict[str, Any]], chunks: EngineChunks) -> Streaming
             yield f"data: {json.dumps(err)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
-    return ClosingStreamingResponse(events(), chunks, "text/event-stream")
+    return ClosingStreamingResponse(events(), chunks.close, "text/event-stream")
 
 
 def _text_content(content: Any) -> str:

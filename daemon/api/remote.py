@@ -17,11 +17,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...backends.remote import RemoteEndpoint, UpstreamError, UpstreamStream
+from .embedding import normalise
 from .errors import APIError
-from .generation import normalise, now_rfc3339, rfc3339
 from .options import parse_keep_alive
 from .remote_convert import Reader, chat_messages, response_format, sampling, thinking
 from .remote_hub import PS_CHECK_S, PS_FAILED_TTL_S, RemoteModel, RemoteRun, hub_of, lookup
+from .wire import now_rfc3339, rfc3339
 
 __all__ = ["lookup", "chat", "generate", "embed", "embeddings", "v1", "ps_rows", "show_info"]
 NDJSON = "application/x-ndjson"

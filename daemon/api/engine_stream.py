@@ -1,38 +1,20 @@
-"""What /api/generate, /api/chat and the /v1 endpoints share: options, tokenisation, the engine stream with
-abort on disconnect, Ollama's final metrics, and embedding pooling."""
+"""A request's engine output: submit the prepared prompt (n choices), read the choices back as pieces with
+Ollama's final metrics, abort them when the client goes away, and free them and the model lease however the
+request ends."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
-import numpy as np
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from ..engine.engine import EngineStopped, PromptTooLong, QueueFull
-from ..models import Lease, LoadedModel
+from ..models import Lease
 from .errors import SERVER_BUSY, APIError
-
-if TYPE_CHECKING:
-    from .prepare import Prepared
-
-log = logging.getLogger(__name__)
-
-
-def now_rfc3339() -> str:
-    """Go's RFC3339Nano in UTC (9 fractional digits are fine for every client; we give 6)."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def rfc3339(ts: float) -> str:
-    if ts == float("inf") or ts > 4e10:
-        ts = 4e10  # "forever": far in the future (year 3237), still a valid timestamp
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+from .prepare import Prepared
 
 
 @dataclass
@@ -70,7 +52,7 @@ async def _watch_disconnect(request: Request, on_gone) -> None:
         return
 
 
-async def engine_stream(request: Request, lease: Lease, prep: "Prepared", endpoint: str,
+async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint: str,
                         t_start: int) -> "EngineChunks":
     """Submit a prepared request; its output comes from the returned EngineChunks.
 
@@ -124,15 +106,13 @@ async def _merged(streams: list[Any]) -> AsyncIterator[tuple[int, Any]]:
 
 
 class EngineChunks:
-    """One request's engine output (n choices), iterated as `pieces()`, or as (text, token_ids, final) for one
-    choice; `final` (Ollama metrics + done_reason) comes with a choice's last item. It owns the sequences and the
-    model lease: `close()` aborts the sequences that did not finish (their KV freed at the next engine step) and
-    releases the lease. `collect()` and the streaming responses call it however they end: done, failed, client
-    gone, even before iterating."""
+    """One request's engine output (n choices), iterated as `pieces()`; `final` (Ollama metrics + done_reason)
+    comes with a choice's last piece. It owns the sequences and the model lease: `close()` aborts the sequences
+    that did not finish (their KV freed at the next engine step) and releases the lease. `collect_all()` and the
+    streamed responses call it however they end: done, failed, client gone, even before iterating."""
 
     def __init__(self, request: Request, engine: Any, streams: list[Any], lease: Lease, t_start: int) -> None:
         self.request, self.engine, self.streams, self.lease, self.t_start = request, engine, streams, lease, t_start
-        self.stream = streams[0]
         self.done: set[int] = set()
 
     @property
@@ -170,31 +150,6 @@ class EngineChunks:
             watcher.cancel()
             self._abort_rest()  # consumer gone (disconnect, error): free the slots and KV
 
-    async def __aiter__(self) -> AsyncIterator[tuple[str, list[int], dict | None]]:
-        async for p in self.pieces():
-            yield p.text, p.token_ids, p.final
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that closes its EngineChunks however the response ends, so freeing the sequence and
-    the lease does not depend on whether the server and starlette ever get to start the body (a body cancelled
-    before its first step runs no `finally`)."""
-
-    def __init__(self, content: AsyncIterator[bytes], chunks: EngineChunks, media_type: str) -> None:
-        super().__init__(content, media_type=media_type)
-        self.chunks = chunks
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.chunks.close()
-
-
-async def collect(chunks: EngineChunks) -> Generation:
-    """The whole output at once (stream: false); closes `chunks`."""
-    return (await collect_all(chunks))[0]
-
 
 async def collect_all(chunks: EngineChunks) -> list[Generation]:
     """Every choice's whole output (stream: false, n >= 1); closes `chunks`."""
@@ -218,44 +173,3 @@ async def collect_all(chunks: EngineChunks) -> list[Generation]:
     for g, ps in zip(gens, parts):
         g.text = "".join(ps)
     return gens
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Embeddings
-
-POOL_NONE, POOL_MEAN, POOL_CLS, POOL_LAST = 0, 1, 2, 3
-
-
-def pooling_type(model: LoadedModel) -> int:
-    """The GGUF `<arch>.pooling_type` when the model declares one; mean pooling for decoder LLMs otherwise."""
-    meta = model.runner.info.metadata or {}
-    arch = model.runner.info.architecture
-    v = meta.get(f"{arch}.pooling_type")
-    try:
-        v = int(v) if v is not None else POOL_MEAN
-    except (TypeError, ValueError):
-        v = POOL_MEAN
-    return v if v in (POOL_MEAN, POOL_CLS, POOL_LAST) else POOL_MEAN
-
-
-async def embed_ids(lease: Lease, ids: list[int]) -> np.ndarray:
-    """Prepared ids -> pooled float32 vector (unnormalised), computed on the engine thread."""
-    model = lease.model
-    try:
-        hidden = await asyncio.wrap_future(model.engine.embed(ids))
-    except NotImplementedError as e:
-        raise APIError(400, f"model '{model.name}' does not support embeddings: {e}") from None
-    h = np.asarray(hidden, dtype=np.float32)
-    if not np.isfinite(h).all():  # JSON cannot carry NaN or infinity; only broken weights produce them
-        raise APIError(400, f"model '{model.name}' produced non-finite values (NaN or infinity) for this input: "
-                            f"its weights are broken")
-    kind = pooling_type(model)
-    vec = h[-1] if kind == POOL_LAST else h[0] if kind == POOL_CLS else h.mean(axis=0)
-    return vec.astype(np.float32)
-
-
-def normalise(vec: np.ndarray, dimensions: int | None = None) -> list[float]:
-    if dimensions is not None:
-        vec = vec[:dimensions]
-    n = float(np.linalg.norm(vec))
-    return (vec / n if n > 0 else vec).astype(np.float32).tolist()

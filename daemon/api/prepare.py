@@ -1,6 +1,6 @@
 """The prepare step of the four generation endpoints and of embeddings: validate → render the template →
-tokenize → fit to the window → sampling params. Plain synchronous functions that the handlers run in the worker
-pool (never on the event loop); each returns a `Prepared` that the handler submits and streams."""
+tokenize → fit to the window → sampling params. Plain synchronous functions that the request skeleton
+(generation.py) runs in the worker pool (never on the event loop); each returns a `Prepared` to submit."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,8 @@ from ..engine.params import SamplingParams
 from ..models import LoadedModel
 from . import prompt_size, prompting
 from .errors import APIError
-from .options import check_num_ctx, fit_to_context, options_priority, request_priority, sampling_params
+from .options import (check_num_ctx, fit_to_context, ollama_logprobs, options_priority, request_priority,
+                      sampling_params)
 from .schemas import ChatCompletionRequest, ChatRequest, CompletionRequest, GenerateRequest
 
 
@@ -79,14 +80,6 @@ def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParam
     cancel.checkpoint()  # before compiling the grammar, the last long step
     fit_to_context(ids, params, window, model)
     return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think))
-
-
-def ollama_logprobs(req: GenerateRequest | ChatRequest) -> int | None:
-    """Ollama's `logprobs` (bool) and `top_logprobs` (0..20 alternatives, read only when logprobs is on)."""
-    top = req.top_logprobs
-    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}")
-    return (top or 0) if req.logprobs else None
 
 
 def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:

@@ -6,11 +6,11 @@ import time
 from typing import Any, AsyncIterator
 
 from ..models import LoadedModel
+from ..prompt.reply import ReplyParser
 from . import logprobs as lp_format
 from .embedding import normalise
 from .engine_stream import Generation, Piece
 from .prepare import Prepared
-from .prompting import ReplyParser
 from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 from .wire import now_rfc3339
 
@@ -25,7 +25,7 @@ class GenerateReply:
 
     def __init__(self, req: GenerateRequest, model: LoadedModel, prep: Prepared) -> None:
         self.req, self.prompt_ids = req, prep.prompt_ids
-        self.parser = ReplyParser(model, prep.text, prep.think, None)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, None)
         self.tokenizer = model.runner.tokenizer
 
     def _final(self, output_ids: list[int], final: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +72,7 @@ class ChatReply:
 
     def __init__(self, req: ChatRequest, model: LoadedModel, prep: Prepared) -> None:
         self.model = req.model
-        self.parser = ReplyParser(model, prep.text, prep.think, prep.tools)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools)
         self.tokenizer = model.runner.tokenizer
 
     def _chunk(self, content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:

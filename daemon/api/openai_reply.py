@@ -10,11 +10,11 @@ import time
 from typing import Any, AsyncIterator
 
 from ..models import LoadedModel
+from ..prompt.reply import ReplyParser
 from . import logprobs as lp_format
 from .embedding import normalise
 from .engine_stream import Generation, Piece
 from .prepare import Prepared
-from .prompting import ReplyParser
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 FINGERPRINT = "fp_ollama"
@@ -45,7 +45,7 @@ class ChatCompletionReply:
 
     def __init__(self, req: ChatCompletionRequest, model: LoadedModel, prep: Prepared) -> None:
         self.n = prep.n
-        self.parsers = [ReplyParser(model, prep.text, prep.think, prep.tools) for _ in range(prep.n)]
+        self.parsers = [ReplyParser(prep.template, prep.text, prep.think, prep.tools) for _ in range(prep.n)]
         self.tokenizer = model.runner.tokenizer
         self.want_lp = prep.logprobs is not None
         self.base = {"id": f"chatcmpl-{random.randint(0, 998)}", "created": int(time.time()), "model": req.model,

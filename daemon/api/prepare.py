@@ -33,6 +33,7 @@ class Prepared:
     logprobs: int | None = None  # None: no logprobs; k: each token's logprob and its k most likely alternatives
     n: int = 1  # choices sampled from the one prompt (/v1 `n`)
     priority: int = 0  # lower is scheduled sooner (the engine's prompt order)
+    template: str | None = None  # the model's template: the reply is read back in its tool-call format
 
 
 def check_format(fmt: Any) -> str | None:
@@ -79,7 +80,8 @@ def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParam
             grammar: str | None = None) -> Prepared:
     cancel.checkpoint()  # before compiling the grammar, the last long step
     fit_to_context(ids, params, window, model)
-    return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think))
+    return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think),
+                    template=prompting.template_of(model))
 
 
 def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:

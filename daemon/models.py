@@ -62,7 +62,7 @@ class ModelRecord:
     bos_token: str | None = None  # special-token texts for Jinja templates
     eos_token: str | None = None
     synthetic: bool = False
-    remote: dict[str, Any] | None = None  # served by an upstream engine (daemon/api/remote.py), never loaded here
+    remote: dict[str, Any] | None = None  # served by an upstream engine (daemon/api/remote/), never loaded here
 
 
 @dataclass

@@ -108,7 +108,7 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
         if ctx.advertiser is not None:
             await _logged(ctx.advertiser.close(), "could not withdraw the zeroconf record")
         await manager.shutdown()
-        if getattr(app.state, "remote", None) is not None:  # upstream pools of remote models (daemon/api/remote.py)
+        if getattr(app.state, "remote", None) is not None:  # upstream pools of remote models (daemon/api/remote/)
             await app.state.remote.aclose()
         ctx.workers.shutdown()
 

@@ -16,16 +16,14 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ...backends.remote import RemoteEndpoint, UpstreamError, UpstreamStream
-from .errors import APIError
-from .ollama_reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
-from .options import parse_keep_alive
-from .plan import embed_inputs
-from .remote_convert import Reader, chat_messages, response_format, sampling, thinking
-from .remote_hub import PS_CHECK_S, PS_FAILED_TTL_S, RemoteModel, RemoteRun, hub_of, lookup
-from .wire import NDJSON, SSE, now_rfc3339, rfc3339, streamed
-
-__all__ = ["lookup", "serve", "ps_rows", "show_info"]
+from ....backends.remote import UpstreamError, UpstreamStream
+from ..errors import APIError
+from ..ollama_reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
+from ..options import parse_keep_alive
+from ..plan import embed_inputs
+from ..wire import NDJSON, SSE, now_rfc3339, streamed
+from .convert import Reader, chat_messages, response_format, sampling, thinking
+from .hub import RemoteModel, RemoteRun, hub_of
 
 
 async def serve(request: Request, rm: RemoteModel, endpoint: str, req: Any, t0: int) -> Response:
@@ -315,47 +313,3 @@ async def _v1_json(request: Request, rm: RemoteModel, path: str, body: dict[str,
 
 async def _noop() -> None:
     return None
-
-
-async def ps_rows(request: Request) -> list[dict[str, Any]]:
-    """/api/ps rows for the remote models whose upstream answers now (a short check, cached while healthy)."""
-    ctx, hub = request.app.state.ctx, hub_of(request)
-    find = getattr(ctx.store, "remote", None)
-    if find is None:
-        return []
-    models = [m for m in await asyncio.to_thread(ctx.store.list_models) if m["details"].get("format") == "remote"]
-
-    async def row(m: dict[str, Any]) -> dict[str, Any] | None:
-        spec = await asyncio.to_thread(find, m["name"])
-        if spec is None:
-            return None
-        try:
-            h = await asyncio.wait_for(hub.check(RemoteEndpoint.from_json(spec), PS_FAILED_TTL_S), PS_CHECK_S)
-        except (asyncio.TimeoutError, ValueError):
-            return None
-        if not h.ok:
-            return None
-        return {"name": m["name"], "model": m["name"], "size": 0, "digest": m["digest"],
-                "details": {**m["details"], "parent_model": ""}, "expires_at": rfc3339(float("inf")),
-                "size_vram": 0, "context_length": h.context_length or 0}
-
-    return [r for r in await asyncio.gather(*(row(m) for m in models)) if r is not None]
-
-
-async def show_info(request: Request, name: str, info: dict[str, Any]) -> None:
-    """Live facts for /api/show of a remote model: reachable now, the engine, the context length it reports."""
-    rm = await lookup(request, name)
-    if rm is None:
-        return
-    try:
-        h = await asyncio.wait_for(hub_of(request).check(rm.endpoint, PS_FAILED_TTL_S), PS_CHECK_S)
-    except asyncio.TimeoutError:
-        h = None
-    mi = info.setdefault("model_info", {})
-    mi["remote.reachable"] = bool(h and h.ok)
-    if h is not None and h.ok:
-        mi["remote.engine"] = h.engine
-        if h.context_length:
-            mi["remote.context_length"] = h.context_length
-    elif h is not None and h.error is not None:
-        mi["remote.error"] = h.error.message

@@ -26,8 +26,8 @@ from .api.store_adapter import make_store, record_resolver
 from .api.workers import WorkerPool
 from .config import Settings, exposure_error
 from .discovery import MODEL_CHANGING, Advertiser
+from .manager import ModelManager
 from .metrics import Metrics
-from .models import ModelManager
 
 log = logging.getLogger(__name__)
 

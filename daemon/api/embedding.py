@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 
-from ..models import Lease, LoadedModel
+from ..manager import Lease, LoadedModel
 from .errors import APIError
 
 POOL_NONE, POOL_MEAN, POOL_CLS, POOL_LAST = 0, 1, 2, 3

@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 
 from ..engine.engine import EngineStopped, PromptTooLong, QueueFull
-from ..models import Lease
+from ..manager import Lease
 from .errors import SERVER_BUSY, APIError
 from .prepare import Prepared
 

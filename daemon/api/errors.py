@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..models import Busy, LoadFailed, ManagerError, ShuttingDown
+from ..manager import Busy, LoadFailed, ManagerError, ShuttingDown
 
 log = logging.getLogger(__name__)
 

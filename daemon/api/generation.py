@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..models import LoadedModel
+from ..manager import LoadedModel
 from . import prepare, remote
 from .embedding import embed_ids
 from .engine_stream import Generation, Piece, collect_all, engine_stream

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator
 
-from ..models import LoadedModel
+from ..manager import LoadedModel
 from ..prompt.reply import ReplyParser
 from . import logprobs as lp_format
 from .embedding import normalise

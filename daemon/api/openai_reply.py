@@ -9,7 +9,7 @@ import struct
 import time
 from typing import Any, AsyncIterator
 
-from ..models import LoadedModel
+from ..manager import LoadedModel
 from ..prompt.reply import ReplyParser
 from . import logprobs as lp_format
 from .embedding import normalise

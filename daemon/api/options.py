@@ -8,7 +8,7 @@ from typing import Any
 from ..config import keep_alive_seconds
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import InvalidParams, SamplingParams
-from ..models import LoadedModel
+from ..manager import LoadedModel
 from .errors import APIError
 from .schemas import ChatRequest, GenerateRequest
 

@@ -11,7 +11,7 @@ from .. import cancel
 from ..engine.grammar import Constraint, GrammarError, grammar_for_format
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import SamplingParams
-from ..models import LoadedModel
+from ..manager import LoadedModel
 from . import prompt_size, prompting
 from .errors import APIError
 from .options import (check_num_ctx, fit_to_context, ollama_logprobs, options_priority, request_priority,

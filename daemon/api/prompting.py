@@ -6,8 +6,8 @@ import logging
 from typing import Any
 
 from .. import cancel
+from ..manager import LoadedModel
 from ..prompt import templates as tpl
-from ..models import LoadedModel
 from ..store.names import parse_name
 from . import prompt_size
 from .errors import APIError

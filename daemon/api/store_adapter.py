@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, AsyncIterable, Callable, Iterator
 
 from ..config import Settings
-from ..models import ModelRecord
+from ..manager import ModelRecord
 from ..store import errors as se
 from ..store import create_model, ensure_demo_model, hfpull, registry, show_model
 from ..store.manifest import ManifestError

@@ -50,9 +50,17 @@ class Embed:
     reply: Callable[[Any, list[Any], int, int, int], dict[str, Any]]
 
 
+async def _upstream(request: Request, endpoint: str, req: Any, t0: int) -> Response | None:
+    """A remote model's request answered by its upstream engine; None for a local model (or a name the local
+    path answers 404/400 for). The one place that tells remote from local."""
+    rm = await remote.lookup(request, req.model)
+    return None if rm is None else await remote.serve(request, rm, endpoint, req, t0)
+
+
 async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Response:
-    if (rm := await remote.lookup(request, req.model)) is not None:
-        return await remote.serve(request, rm, kind.endpoint, req, t0)
+    """A generation request: plan, hold the model, prepare, run in the engine, answer in `kind`'s format."""
+    if (answer := await _upstream(request, kind.endpoint, req, t0)) is not None:
+        return answer
     plan = kind.plan(req)
     ctx = request.app.state.ctx
     if plan.load_only:
@@ -83,8 +91,9 @@ async def _load_only(ctx: Any, kind: Generate, name: str, keep_alive: float | No
 
 
 async def embed(request: Request, kind: Embed, req: Any, t0: int) -> Response:
-    if (rm := await remote.lookup(request, req.model)) is not None:
-        return await remote.serve(request, rm, kind.endpoint, req, t0)
+    """An embedding request: plan, hold the model, prepare and embed each input, answer in `kind`'s body."""
+    if (answer := await _upstream(request, kind.endpoint, req, t0)) is not None:
+        return answer
     plan = kind.plan(req)
     ctx = request.app.state.ctx
     lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx)

@@ -92,7 +92,8 @@ def create_model(store: ModelStore, name: str, *, files: dict[str, str] | None =
     msgs = _check_messages(messages) if messages is not None else None
     licenses = _licenses(license)
     if template:
-        from ..prompt.templates import TemplateError, check_template  # noqa: PLC0415 - jinja2, only when a template is given
+        # jinja2 only when a template is given: the CLI imports the store without it
+        from ..prompt.templates import TemplateError, check_template  # noqa: PLC0415
 
         try:
             check_template(template)

@@ -217,7 +217,8 @@ class ModelStore:
 
     def resolve(self, name: str) -> ResolvedModel:
         """Everything to load and prompt `name`; raises ModelNotFound, InvalidName, InvalidModel, BlobNotFound."""
-        from ..prompt.templates import template_capabilities  # noqa: PLC0415 - jinja2: the CLI imports the store without it
+        # jinja2 only here: the CLI imports the store without it
+        from ..prompt.templates import template_capabilities  # noqa: PLC0415
 
         found = self._require(name)
         manifest, data = self._load(found)

@@ -15,7 +15,7 @@ def default_key_file(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get(KEY_FILE_ENV, "").strip():
         return Path(env[KEY_FILE_ENV].strip()).expanduser()
-    import platformdirs  # noqa: PLC0415
+    import platformdirs  # noqa: PLC0415 - the clients' start-up: only when no key file is named
 
     return Path(platformdirs.user_config_dir("evenflow")) / "api_key"
 

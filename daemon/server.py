@@ -10,24 +10,28 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
+import uvicorn
 from fastapi import FastAPI
 
 from . import memory
+from .api import events as events_api
+from .api import ollama, openai
 from .api.access_log import AccessLogMiddleware
 from .api.errors import install_handlers
 from .api.events import EventHub
 from .api.guard import GuardMiddleware
 from .api.limits import LimitsMiddleware
+from .api.ollama import VERSION
+from .api.store_adapter import make_store, record_resolver
 from .api.workers import WorkerPool
 from .config import Settings, exposure_error
 from .discovery import MODEL_CHANGING, Advertiser
+from .manager import ModelManager
 from .metrics import Metrics
-from .models import ModelManager
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 5  # in-flight requests may finish for this long after SIGINT/SIGTERM; uvicorn allows 10
-VERSION = "0.13.0"  # the Ollama API version we answer /api/version with (clients gate features on it)
 
 
 class ServeError(RuntimeError):
@@ -60,9 +64,6 @@ def security_warnings(settings: Settings) -> list[str]:
 
 def create_app(settings: Settings, store: Any | None = None, manager: ModelManager | None = None) -> FastAPI:
     """Build the app: store (created from settings if not given), model manager, metrics, events, routes."""
-    from .api import ollama, openai, events as events_api  # noqa: PLC0415 - routes import the store lazily
-    from .api.store_adapter import make_store, record_resolver  # noqa: PLC0415
-
     if store is None:
         store = make_store(settings)
     manager = manager or ModelManager(settings, record_resolver(store))
@@ -107,7 +108,7 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
         if ctx.advertiser is not None:
             await _logged(ctx.advertiser.close(), "could not withdraw the zeroconf record")
         await manager.shutdown()
-        if getattr(app.state, "remote", None) is not None:  # upstream pools of remote models (daemon/api/remote.py)
+        if getattr(app.state, "remote", None) is not None:  # upstream pools of remote models (daemon/api/remote/)
             await app.state.remote.aclose()
         ctx.workers.shutdown()
 
@@ -171,8 +172,6 @@ class _Server:
     """uvicorn.Server that marks the app closing (503 for new requests) as soon as a signal arrives."""
 
     def __init__(self, app: FastAPI, config: Any) -> None:
-        import uvicorn  # noqa: PLC0415
-
         ctx: AppContext = app.state.ctx
 
         class Server(uvicorn.Server):
@@ -192,8 +191,6 @@ class _Server:
 
 def serve(settings: Settings, log_level: str = "info") -> None:
     """Run the daemon until SIGINT/SIGTERM; raises ServeError when it cannot start."""
-    import uvicorn  # noqa: PLC0415
-
     refusal = exposure_error(settings)
     if refusal:
         raise ServeError(refusal)

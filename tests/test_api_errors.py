@@ -398,7 +398,7 @@ def test_port_taken_is_a_clear_message(daemon: Daemon) -> None:
 
 
 def test_sigterm_shuts_down_gracefully(tmp_path: Path, synthetic_model) -> None:
-    from evenflow.daemon.store import ModelStore
+    from evenflow.daemon.store import ModelStore, create_model
 
     # Filling a 32k context outlasts the 5 s grace period (tiny fills 8k in 5-12 s here, and attention grows with
     # the context): the abort path runs and ends the stream cleanly
@@ -406,7 +406,7 @@ def test_sigterm_shuts_down_gracefully(tmp_path: Path, synthetic_model) -> None:
                                 max_position_embeddings=32768)["gguf"])
     store = ModelStore(tmp_path / "models")
     digest = store.add_blob_file(gguf)
-    list(store.create("tiny", files={gguf.name: digest}))
+    list(create_model(store, "tiny", files={gguf.name: digest}))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

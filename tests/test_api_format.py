@@ -209,7 +209,7 @@ def test_with_include_usage_every_chunk_carries_usage_null_on_the_wire(daemon, p
 
 
 def test_thinking_detected_from_what_a_jinja_template_does_with_enable_thinking() -> None:
-    from evenflow.daemon.templates import template_capabilities
+    from evenflow.daemon.prompt.templates import template_capabilities
 
     switching = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
                  "{% if enable_thinking %}Reasoning: on\n{% endif %}assistant:")

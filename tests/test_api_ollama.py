@@ -273,8 +273,8 @@ def test_tools_and_thinking_templates(client: ollama.Client, daemon: Daemon) -> 
 
 
 def test_tool_call_stream_parses_split_output() -> None:
-    from evenflow.daemon.api.prompting import ThinkSplitter, ToolCallStream
-    from evenflow.daemon.tools import format_tool_calls
+    from evenflow.daemon.prompt.reply import ThinkSplitter, ToolCallStream
+    from evenflow.daemon.prompt.tools import format_tool_calls
 
     calls = [{"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]
     text = "Let me check. " + format_tool_calls(calls, "hermes")

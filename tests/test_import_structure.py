@@ -23,18 +23,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]  # the repository root is the package `evenflow`
 PACKAGE = "evenflow"
 
-# Import edges (importer, imported) inside daemon/ that close a cycle or point up a layer, and that the daemon branches
-# of issue 28 are removing. Each entry is one exact edge, the one that points the wrong way; the merge that fixes
-# it deletes the entry (test_known_daemon_edges_are_still_there fails while a fixed one is still listed). Only
-# daemon/ edges may be listed: a cycle or an upward import in clients/, tui/, link/ or backends/ fails at once.
-KNOWN_DAEMON_CYCLES_BEING_FIXED: frozenset[tuple[str, str]] = frozenset({
-    ("evenflow.daemon.api.generation", "evenflow.daemon.api.prepare"),  # under TYPE_CHECKING; prepare -> generation
-    ("evenflow.daemon.api.ollama", "evenflow.daemon.server"),  # /api/version's VERSION; server -> api.ollama
-    ("evenflow.daemon.store.store", "evenflow.daemon.store.create"),  # deferred; create -> store
-    ("evenflow.daemon.store.store", "evenflow.daemon.store.show"),  # deferred; show -> store
-    ("evenflow.daemon.models", "evenflow.daemon.api.errors"),  # the model manager raises the API's errors
-})
-
 # (importer, imported, why, exempt importers): no module under `importer` (a dotted prefix below `evenflow`) may
 # import one under `imported`, unless it is under one of the exempt prefixes.
 FORBIDDEN: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -130,11 +118,10 @@ def _edge(a: str, b: str) -> str:
     return f"{a} -> {b}  ({FILES[a].relative_to(ROOT)}:{GRAPH[a][b]})"
 
 
-def find_cycles(graph: dict[str, dict[str, int]],
-                ignore: frozenset[tuple[str, str]] = frozenset()) -> list[tuple[list[str], list[str]]]:
+def find_cycles(graph: dict[str, dict[str, int]]) -> list[tuple[list[str], list[str]]]:
     """(component, cycle) per strongly connected component of more than one module: its modules, and one concrete
     cycle (a, b, ..., a) through the first of them."""
-    succ = {a: sorted(b for b in bs if (a, b) not in ignore and b in graph) for a, bs in graph.items()}
+    succ = {a: sorted(b for b in bs if b in graph) for a, bs in graph.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -223,7 +210,7 @@ def test_the_graph_is_read():
 
 
 def test_no_import_cycles():
-    cycles = find_cycles(GRAPH, KNOWN_DAEMON_CYCLES_BEING_FIXED)
+    cycles = find_cycles(GRAPH)
     assert not cycles, "import cycles (break each; a lower module can hold what both sides need):\n  " + \
         "\n  ".join(_describe(*c) for c in cycles)
 
@@ -234,37 +221,9 @@ def _violations(graph: dict[str, dict[str, int]], rule: tuple[str, str, str, tup
             for b in bs if _under(b, imported)]
 
 
-def _reaches(graph: dict[str, dict[str, int]], start: str, goal: str) -> bool:
-    seen, todo = {start}, [start]
-    while todo:
-        for b in graph.get(todo.pop(), ()):
-            if b == goal:
-                return True
-            if b not in seen:
-                seen.add(b)
-                todo.append(b)
-    return False
-
-
-def test_known_daemon_edges_are_daemon_only():
-    for a, b in KNOWN_DAEMON_CYCLES_BEING_FIXED:
-        assert _under(a, "daemon") and _under(b, "daemon"), f"{a} -> {b}: only daemon/ edges may be listed"
-
-
-def test_known_daemon_edges_are_still_there():
-    """An entry whose import is gone, or that neither closes a cycle nor breaks a layer any more, leaves the list."""
-    stale = []
-    for a, b in sorted(KNOWN_DAEMON_CYCLES_BEING_FIXED):
-        if b not in GRAPH.get(a, {}):
-            stale.append(f"{a} -> {b}: no such import any more")
-        elif not _reaches(GRAPH, b, a) and not any((a, b) in _violations(GRAPH, rule) for rule in FORBIDDEN):
-            stale.append(f"{a} -> {b}: neither closes a cycle nor imports up a layer")
-    assert not stale, "remove from KNOWN_DAEMON_CYCLES_BEING_FIXED:\n  " + "\n  ".join(stale)
-
-
 @pytest.mark.parametrize("rule", FORBIDDEN, ids=[f"{r[0]}-x->{r[1]}" for r in FORBIDDEN])
 def test_layering(rule):
-    bad = [_edge(a, b) for a, b in _violations(GRAPH, rule) if (a, b) not in KNOWN_DAEMON_CYCLES_BEING_FIXED]
+    bad = [_edge(a, b) for a, b in _violations(GRAPH, rule)]
     assert not bad, f"{rule[0]} must not import {rule[1]} ({rule[2]}):\n  " + "\n  ".join(bad)
 
 
@@ -272,7 +231,7 @@ def test_the_checks_catch_a_new_cycle_and_an_upward_import():
     """The checks themselves: a cycle and an upward edge added to a copy of the graph are both reported."""
     graph = {a: dict(bs) for a, bs in GRAPH.items()}
     graph["evenflow.daemon.config"]["evenflow.clients.cli"] = 1  # clients.cli -> daemon.config -> clients.cli
-    found = find_cycles(graph, KNOWN_DAEMON_CYCLES_BEING_FIXED)
+    found = find_cycles(graph)
     assert any({"evenflow.daemon.config", "evenflow.clients.cli"} <= set(comp) for comp, _ in found), found
     for comp, c in found:  # each reported cycle is real: it closes, and every step is an import
         assert c[0] == c[-1] and set(c) <= set(comp) and all(b in graph[a] for a, b in zip(c, c[1:])), c

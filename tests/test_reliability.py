@@ -86,13 +86,13 @@ def test_startup_prunes_unreferenced_blobs(tmp_path: Path, synthetic_model) -> N
     import os
     import time
 
-    from evenflow.daemon.store import ModelStore
+    from evenflow.daemon.store import ModelStore, create_model
     from evenflow.daemon.store.layout import PRUNE_GRACE_S
 
     gguf = Path(synthetic_model("tiny", formats=("gguf",))["gguf"])
     store = ModelStore(tmp_path / "models")
     kept = store.add_blob_file(gguf)
-    list(store.create("tiny", files={gguf.name: kept}))
+    list(create_model(store, "tiny", files={gguf.name: kept}))
     day_old = time.time() - PRUNE_GRACE_S - 60
     stray = store.add_blob_bytes(b"an upload whose create never came")
     os.utime(store.blob_path(stray), (day_old, day_old))
@@ -115,7 +115,7 @@ def test_a_restart_keeps_uploads_whose_create_is_still_to_come(tmp_path: Path, s
     import os
     import time
 
-    from evenflow.daemon.store import ModelStore
+    from evenflow.daemon.store import ModelStore, create_model
     from evenflow.daemon.store.layout import PRUNE_GRACE_S
 
     gguf = Path(synthetic_model("tiny", formats=("gguf",))["gguf"])

@@ -5,7 +5,7 @@ import pytest
 
 from evenflow.backends.remote import EndpointError, RemoteEndpoint
 from evenflow.daemon.api.errors import APIError
-from evenflow.daemon.api.remote_convert import Reader, chat_messages, sampling
+from evenflow.daemon.api.remote.convert import Reader, chat_messages, sampling
 from evenflow.daemon.store.modelfile import ModelfileError, parse_modelfile
 
 

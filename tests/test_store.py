@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from evenflow.daemon.store import (BlobNotFound, DigestMismatch, InvalidDigest, InvalidModel, InvalidName,
-                                   ModelNotFound, ModelStore, NotSupported, ReadOnlyModel, ensure_demo_model,
-                                   parse_digest, parse_modelfile, parse_name)
+                                   ModelNotFound, ModelStore, NotSupported, ReadOnlyModel, create_model,
+                                   ensure_demo_model, parse_digest, parse_modelfile, parse_name, show_model)
 from evenflow.daemon.store.manifest import MT_FILE, MT_MODEL, MT_TEMPLATE, Manifest
 
 LLAMA3_GO = ('{{ if .System }}<|start_header_id|>system<|end_header_id|>\n\n{{ .System }}<|eot_id|>{{ end }}'
@@ -39,7 +39,7 @@ def tiny(synthetic_model):
 
 def _create_gguf(store: ModelStore, name: str, gguf: Path, **kw) -> list[str]:
     digest = store.add_blob_file(gguf)
-    return list(store.create(name, files={gguf.name: digest}, **kw))
+    return list(create_model(store, name, files={gguf.name: digest}, **kw))
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -172,19 +172,19 @@ def test_create_list_show_copy_delete(store: ModelStore, tiny) -> None:
     assert r.system == "You are terse." and r.synthetic and not r.read_only
     assert r.template and r.template_from_weights  # no TEMPLATE layer: the GGUF chat template
 
-    shown = store.show("tiny:LATEST")
+    shown = show_model(store, "tiny:LATEST")
     assert shown["system"] == "You are terse."
     assert 'PARAMETER stop <|eot_id|>' in shown["modelfile"] and "SYSTEM" in shown["modelfile"]
     assert shown["parameters"].splitlines()[0].startswith("temperature" + " " * 20)
     assert shown["model_info"]["evenflow.synthetic"] is True
     assert shown["model_info"]["tokenizer.ggml.tokens"] == []  # big arrays left out unless verbose
     assert "tokenizer.chat_template" not in shown["model_info"] and "completion" in shown["capabilities"]
-    verbose = store.show("tiny", verbose=True)
+    verbose = show_model(store, "tiny", verbose=True)
     assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) > 100 and verbose["tensors"]
     assert "synthetic" in shown["license"]
 
     # re-creating under another casing updates the existing model (Ollama reuses the stored casing)
-    list(store.create("TINY", from_="tiny", system="You are terse."))
+    list(create_model(store, "TINY", from_="tiny", system="You are terse."))
     assert [e.name for e in store.list()] == ["Tiny:latest"]
 
     # a second model shares the GGUF blob; deleting one keeps it, deleting both removes it
@@ -205,7 +205,7 @@ def test_create_list_show_copy_delete(store: ModelStore, tiny) -> None:
 
 def test_create_from_model_overrides_and_modelfile_round_trip(store: ModelStore, tiny) -> None:
     _create_gguf(store, "base", tiny["gguf"], parameters={"temperature": 0.2, "top_k": 10}, license="MIT")
-    status = list(store.create("derived", from_="base", template=LLAMA3_GO, system="Be kind.",
+    status = list(create_model(store, "derived", from_="base", template=LLAMA3_GO, system="Be kind.",
                                parameters={"top_k": 5, "stop": ["<|eot_id|>", "END"]},
                                messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
                                license=["Apache-2.0"]))
@@ -216,7 +216,7 @@ def test_create_from_model_overrides_and_modelfile_round_trip(store: ModelStore,
     assert r.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     assert r.license == ["MIT", "Apache-2.0"]
     assert r.model_path == store.resolve("base").model_path
-    spec = parse_modelfile(store.show("derived")["modelfile"])
+    spec = parse_modelfile(show_model(store, "derived")["modelfile"])
     assert spec.template == LLAMA3_GO and spec.system == "Be kind."
     assert spec.parameters == r.params and spec.messages == r.messages and spec.license == r.license
 
@@ -241,9 +241,9 @@ def test_create_rejects_bad_input_before_writing(store: ModelStore, tiny) -> Non
     ]
     for kwargs, exc, message in cases:
         with pytest.raises(exc, match=message):
-            store.create("m", **kwargs)  # raised before any status line (the HTTP layer answers a real 4xx)
+            create_model(store, "m", **kwargs)  # raised before any status line (the HTTP layer answers a real 4xx)
     with pytest.raises(InvalidName):
-        store.create("../escape", files=files)
+        create_model(store, "../escape", files=files)
     assert store.list() == [] and not any(store.layout.manifests.rglob("*/*/*/*"))
 
 
@@ -260,9 +260,9 @@ def test_manifest_write_crash_leaves_old_state(store: ModelStore, tiny, monkeypa
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError, match="simulated crash"):
-        list(store.create("keep", from_="keep", system="new system"))
+        list(create_model(store, "keep", from_="keep", system="new system"))
     with pytest.raises(OSError, match="simulated crash"):
-        list(store.create("fresh", from_="keep"))
+        list(create_model(store, "fresh", from_="keep"))
     monkeypatch.undo()
     assert (store.root / "manifests/registry.ollama.ai/library/keep/latest").read_bytes() == before
     assert not (store.root / "manifests/registry.ollama.ai/library/fresh").exists() or not any(
@@ -276,7 +276,7 @@ def test_manifest_write_crash_leaves_old_state(store: ModelStore, tiny, monkeypa
 
     monkeypatch.setattr(os, "replace", boom_all)  # now the blob rename fails too: no blob appears
     with pytest.raises(OSError, match="simulated crash"):
-        list(store.create("keep", from_="keep", system="another system"))
+        list(create_model(store, "keep", from_="keep", system="another system"))
     monkeypatch.undo()
     assert not store.has_blob(_digest(b"another system"))
     assert not [p for p in store.root.rglob(".evenflow-tmp-*")]
@@ -325,7 +325,7 @@ def test_reads_ollama_store_without_writing(tmp_path: Path, tiny) -> None:
     r = store.resolve("FOO")
     assert r.read_only and r.template == LLAMA3_GO and r.params["temperature"] == 0.6
     assert r.model_path == ollama_root / f"blobs/sha256-{digests['model'][7:]}"
-    shown = store.show("foo")
+    shown = show_model(store, "foo")
     assert shown["template"] == LLAMA3_GO and "tools" not in shown["capabilities"]
     with pytest.raises(ReadOnlyModel, match="read-only"):
         store.delete("foo")
@@ -346,7 +346,7 @@ def test_hf_safetensors_create_and_materialise(store: ModelStore, tiny) -> None:
     hf = tiny["hf"]
     files = {p.name: store.add_blob_file(p) for p in sorted(hf.iterdir()) if p.is_file()}
     assert "model.safetensors" in files and "config.json" in files
-    status = list(store.create("hf-tiny", files=files))
+    status = list(create_model(store, "hf-tiny", files=files))
     assert status[-1] == "success"
     manifest = store.manifest("hf-tiny")
     assert {layer.name for layer in manifest.find(MT_FILE)} == set(files)

@@ -9,10 +9,10 @@ import tracemalloc
 import pytest
 from starlette.requests import Request
 
-from evenflow.daemon import templates as tpl
 from evenflow.daemon.api.errors import APIError
 from evenflow.daemon.api.workers import CLIENT_GONE, WorkerPool
-from evenflow.daemon.gotemplate import Budget
+from evenflow.daemon.prompt import templates as tpl
+from evenflow.daemon.prompt.gotemplate import Budget
 
 MSGS = [{"role": "user", "content": "hi"}]
 A = '{% set a = "x" * 30000000 %}'  # 30 MB: allowed on its own, too big twelve times over

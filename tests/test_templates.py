@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from evenflow.daemon.templates import (SuffixNotSupported, TemplateError, is_go_template, prepare_chat_messages,
-                                       render_chat, render_generate, render_go_chat, render_messages,
-                                       template_capabilities, thinking_tags)
-from evenflow.daemon.tools import TOOL_FORMATS, extract_tool_calls, format_tool_calls, parse_tool_calls, tool_format_for
+from evenflow.daemon.prompt.templates import (SuffixNotSupported, TemplateError, is_go_template,
+                                              prepare_chat_messages, render_chat, render_generate, render_go_chat,
+                                              render_messages, template_capabilities, thinking_tags)
+from evenflow.daemon.prompt.tools import (TOOL_FORMATS, extract_tool_calls, format_tool_calls, parse_tool_calls,
+                                          tool_format_for)
 
 FIXTURES = Path(os.environ.get("EVENFLOW_FIXTURES") or Path(__file__).resolve().parents[2] / "shared" / "fixtures")
 TEMPLATE_DIR = FIXTURES / "chat-templates"

@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..manager import Busy, LoadFailed, ManagerError, ShuttingDown
+
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
@@ -29,6 +31,17 @@ class APIError(Exception):
         self.status = status
         self.message = message
         self.param = param
+
+
+def from_manager(exc: ManagerError) -> APIError:
+    """The HTTP answer to the model manager's refusal."""
+    if isinstance(exc, Busy):
+        return APIError(503, SERVER_BUSY)
+    if isinstance(exc, ShuttingDown):
+        return APIError(503, str(exc))
+    if isinstance(exc, LoadFailed):
+        return APIError(400 if exc.model_fault else 500, str(exc))
+    return APIError(400, str(exc))
 
 
 def not_found(name: str) -> APIError:
@@ -60,6 +73,11 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(request, exc.status, exc.message, exc.param)
+
+    @app.exception_handler(ManagerError)
+    async def _manager_error(request: Request, exc: ManagerError) -> JSONResponse:
+        e = from_manager(exc)
+        return error_response(request, e.status, e.message)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

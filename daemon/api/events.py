@@ -33,10 +33,6 @@ class EventHub:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
 
-    @property
-    def has_subscribers(self) -> bool:
-        return bool(self._subs)
-
     def publish(self, event: dict[str, Any]) -> None:
         """Engine-thread safe: one hop onto the loop, nothing done when nobody listens."""
         if not self._subs or self.loop is None:

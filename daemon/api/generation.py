@@ -1,322 +1,108 @@
-"""What /api/generate, /api/chat and the /v1 endpoints share: options, tokenisation, the engine stream with
-abort on disconnect, Ollama's final metrics, and embedding pooling."""
+"""The one skeleton of a model request, written once for every endpoint: a remote model's request goes to its
+upstream (decided here only); a local one is planned (checks that need no model), holds its model, is prepared in
+the worker pool, runs in the engine and is answered in the endpoint's wire format. An endpoint is a `Generate` or
+an `Embed`: what differs between endpoints, and nothing else."""
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import logging
-import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Protocol
 
-import numpy as np
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from ..config import keep_alive_seconds
-from ..engine.params import InvalidParams, SamplingParams
-from ..models import Lease, LoadedModel
-from .errors import SERVER_BUSY, APIError
-
-if TYPE_CHECKING:
-    from .prepare import Prepared
-
-log = logging.getLogger(__name__)
+from ..manager import LoadedModel
+from . import prepare, remote
+from .embedding import embed_ids
+from .engine_stream import Generation, Piece, collect_all, engine_stream
+from .plan import EmbedPlan, Plan
+from .prepare import Prepared
+from .wire import Wire, streamed
 
 
-def now_rfc3339() -> str:
-    """Go's RFC3339Nano in UTC (9 fractional digits are fine for every client; we give 6)."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+class Reply(Protocol):
+    """An endpoint's wire format for one request's output."""
+
+    def whole(self, gens: list[Generation]) -> dict[str, Any]:
+        """The body of a `stream: false` answer (one Generation per choice)."""
+
+    def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
+        """The streamed objects, from the engine's pieces."""
 
 
-def rfc3339(ts: float) -> str:
-    if ts == float("inf") or ts > 4e10:
-        ts = 4e10  # "forever": far in the future (year 3237), still a valid timestamp
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+@dataclass(frozen=True)
+class Generate:
+    """A generation endpoint: its path (events, the remote route), its plan and prepare steps, its reply."""
+
+    endpoint: str
+    plan: Callable[[Any], Plan]
+    prepare: Callable[..., Prepared]  # (model, request, *plan.args), run in the worker pool
+    reply: Callable[[Any, LoadedModel, Prepared], Reply]
+    wire: Wire
+    loaded: Callable[[str, str], dict[str, Any]] | None = None  # (name, "load"/"unload"): an empty request's answer
 
 
-def parse_keep_alive(value: Any) -> float | None:
-    if value is None:
-        return None
+@dataclass(frozen=True)
+class Embed:
+    """An embedding endpoint: its path, its plan, and its body from (request, vectors, tokens, load_ns, t0)."""
+
+    endpoint: str
+    plan: Callable[[Any], EmbedPlan]
+    reply: Callable[[Any, list[Any], int, int, int], dict[str, Any]]
+
+
+async def _upstream(request: Request, endpoint: str, req: Any, t0: int) -> Response | None:
+    """A remote model's request answered by its upstream engine; None for a local model (or a name the local
+    path answers 404/400 for). The one place that tells remote from local."""
+    rm = await remote.lookup(request, req.model)
+    return None if rm is None else await remote.serve(request, rm, endpoint, req, t0)
+
+
+async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Response:
+    """A generation request: plan, hold the model, prepare, run in the engine, answer in `kind`'s format."""
+    if (answer := await _upstream(request, kind.endpoint, req, t0)) is not None:
+        return answer
+    plan = kind.plan(req)
+    ctx = request.app.state.ctx
+    if plan.load_only:
+        return JSONResponse(await _load_only(ctx, kind, req.model, plan.keep_alive))
+    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx)
     try:
-        return keep_alive_seconds(value)
-    except ValueError as e:
-        raise APIError(400, str(e)) from None
+        prep = await ctx.workers.run(request, kind.prepare, lease.model, req, *plan.args)
+        chunks = await engine_stream(request, lease, prep, kind.endpoint, t0)
+    except BaseException:
+        lease.release()
+        raise
+    reply = kind.reply(req, lease.model, prep)
+    if not plan.stream:
+        return JSONResponse(reply.whole(await collect_all(chunks)))
+    return streamed(kind.wire, reply.stream(chunks.pieces()), chunks.close)
 
 
-def requested_num_ctx(options: dict[str, Any] | None) -> int | None:
-    """`options.num_ctx` validated (a positive integer) or None."""
-    if not options or options.get("num_ctx") is None:
-        return None
-    v = options["num_ctx"]
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise APIError(400, f"option 'num_ctx' must be a positive integer, got {v!r}")
-    return v
+async def _load_only(ctx: Any, kind: Generate, name: str, keep_alive: float | None) -> dict[str, Any]:
+    """Empty prompt/messages: load the model (done_reason "load"), or unload it with keep_alive 0."""
+    assert kind.loaded is not None  # only Ollama's plans ask for it, and its endpoints say how to answer
+    record = ctx.manager.resolve(name)
+    if keep_alive == 0:
+        await ctx.manager.unload(record.name)
+        return kind.loaded(name, "unload")
+    lease = await ctx.manager.acquire(name, keep_alive=keep_alive)
+    lease.release()
+    return kind.loaded(name, "load")
 
 
-def sampling_params(options: dict[str, Any] | None, defaults: dict[str, Any] | None = None,
-                    **overrides: Any) -> SamplingParams:
-    """Ollama's precedence (built-in < model PARAMETERs < request options < explicit overrides); 400 on bad values."""
-    if options is not None and not isinstance(options, dict):
-        raise APIError(400, f"options must be an object, got {type(options).__name__}")
-    merged = dict(options or {})
-    merged.update({k: v for k, v in overrides.items() if v is not None})
+async def embed(request: Request, kind: Embed, req: Any, t0: int) -> Response:
+    """An embedding request: plan, hold the model, prepare and embed each input, answer in `kind`'s body."""
+    if (answer := await _upstream(request, kind.endpoint, req, t0)) is not None:
+        return answer
+    plan = kind.plan(req)
+    ctx = request.app.state.ctx
+    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx)
+    vectors, tokens = [], 0
     try:
-        return SamplingParams.from_options(merged, defaults)
-    except InvalidParams as e:
-        raise APIError(400, str(e)) from None
-    except TypeError as e:
-        raise APIError(400, f"invalid options: {e}") from None
-
-
-def check_num_ctx(model: LoadedModel, num_ctx: int | None) -> int:
-    """The window this request gets; 400 when it asks for more than the model was trained on."""
-    if num_ctx is None:
-        return model.context_length
-    if num_ctx > model.trained_context:
-        raise APIError(400, f"num_ctx {num_ctx} exceeds the context length of model '{model.name}' "
-                            f"({model.trained_context} tokens); use num_ctx <= {model.trained_context}")
-    return min(num_ctx, model.context_length)
-
-
-def fit_to_context(prompt_ids: list[int], params: SamplingParams, ctx: int, model: LoadedModel) -> None:
-    """400 for a prompt that does not fit; caps num_predict when this request's num_ctx is below the window."""
-    n = len(prompt_ids)
-    if n >= ctx:
-        raise APIError(400, f"the prompt is {n} tokens but the context length of model '{model.name}' is {ctx} "
-                            f"tokens (it must leave room for at least one generated token); shorten the prompt "
-                            f"or raise num_ctx (up to {model.trained_context})")
-    if ctx < model.context_length:
-        room = ctx - n
-        params.num_predict = room if params.num_predict < 0 else min(params.num_predict, room)
-
-
-@dataclass
-class Generation:
-    """The collected result of one engine sequence."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    done_reason: str | None = None
-    metrics: dict[str, int] = field(default_factory=dict)
-    logprobs: list[Any] = field(default_factory=list)  # engine TokenLogprob per token, when asked
-    offsets: list[int] = field(default_factory=list)  # character offset in `text` where each of those starts
-
-
-@dataclass
-class Piece:
-    """One streamed delta of choice `index`; `final` (Ollama metrics + done_reason) only on its last piece."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[Any] | None
-    final: dict[str, Any] | None
-
-
-async def _watch_disconnect(request: Request, on_gone) -> None:
-    """Waits for the client to go away (http.disconnect) and calls `on_gone` once."""
-    try:
-        while True:
-            msg = await request.receive()
-            if msg.get("type") == "http.disconnect":
-                on_gone()
-                return
-    except (asyncio.CancelledError, RuntimeError):
-        return
-
-
-async def engine_stream(request: Request, lease: Lease, prep: "Prepared", endpoint: str,
-                        t_start: int) -> "EngineChunks":
-    """Submit a prepared request; its output comes from the returned EngineChunks.
-
-    Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses. The request's
-    events name the model and endpoint, and carry the prompt text when the daemon logs content.
-    """
-    from ..engine.engine import EngineStopped, PromptTooLong, QueueFull  # noqa: PLC0415
-
-    model = lease.model
-    user = {"model": model.name, "endpoint": endpoint}
-    if request.app.state.ctx.settings.log_content:
-        user["prompt"] = prep.text
-    engine = model.engine
-    # n > 1: a seeded request gives choice i the seed + i, so the choices differ yet reproduce
-    params = [prep.params] + [dataclasses.replace(prep.params, seed=prep.params.seed + i if prep.params.seed >= 0
-                                                  else -1) for i in range(1, prep.n)]
-    try:
-        streams = engine.submit_group(prep.prompt_ids, params, user=user, constraint=prep.constraint,
-                                      logprobs=prep.logprobs, priority=prep.priority)
-    except PromptTooLong as e:
-        raise APIError(400, str(e)) from None
-    except QueueFull:
-        raise APIError(503, SERVER_BUSY) from None
-    except EngineStopped:
-        raise APIError(503, "the model is being unloaded or the server is shutting down; retry") from None
-    except ValueError as e:
-        raise APIError(400, str(e)) from None
-    return EngineChunks(request, engine, streams, lease, t_start)
-
-
-async def _merged(streams: list[Any]) -> AsyncIterator[tuple[int, Any]]:
-    """(index, delta) from several engine streams as they arrive, until every one is done."""
-    if len(streams) == 1:
-        async for d in streams[0]:
-            yield 0, d
-        return
-    q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-
-    async def pump(i: int, stream: Any) -> None:
-        async for d in stream:
-            q.put_nowait((i, d))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(streams)
-        while left:
-            i, d = await q.get()
-            left -= d.done
-            yield i, d
+        for text in plan.inputs:
+            ids = await ctx.workers.run(request, prepare.embed_input, lease.model, text, plan.truncate)
+            vectors.append(await embed_ids(lease, ids))
+            tokens += len(ids)
     finally:
-        for t in tasks:
-            t.cancel()
-
-
-class EngineChunks:
-    """One request's engine output (n choices), iterated as `pieces()`, or as (text, token_ids, final) for one
-    choice; `final` (Ollama metrics + done_reason) comes with a choice's last item. It owns the sequences and the
-    model lease: `close()` aborts the sequences that did not finish (their KV freed at the next engine step) and
-    releases the lease. `collect()` and the streaming responses call it however they end: done, failed, client
-    gone, even before iterating."""
-
-    def __init__(self, request: Request, engine: Any, streams: list[Any], lease: Lease, t_start: int) -> None:
-        self.request, self.engine, self.streams, self.lease, self.t_start = request, engine, streams, lease, t_start
-        self.stream = streams[0]
-        self.done: set[int] = set()
-
-    @property
-    def finished(self) -> bool:
-        return len(self.done) == len(self.streams)
-
-    def _abort_rest(self) -> None:
-        for i, s in enumerate(self.streams):
-            if i not in self.done:
-                self.engine.abort(s.seq_id)
-
-    def close(self) -> None:
-        self._abort_rest()
-        self.lease.release()
-
-    async def pieces(self) -> AsyncIterator[Piece]:
-        watcher = asyncio.create_task(_watch_disconnect(self.request, self._abort_rest))
-        try:
-            async for i, d in _merged(self.streams):
-                if not d.done:
-                    yield Piece(i, d.text, list(d.token_ids), d.logprobs, None)
-                    continue
-                self.done.add(i)
-                if d.done_reason == "error":
-                    # the engine logged the cause; its text (an exception's) is not for clients
-                    raise APIError(500, "internal error: generation failed (see the daemon log)")
-                if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
-                    raise APIError(503, "the request was aborted: the server is shutting down or the model "
-                                        "was unloaded; retry")
-                m = d.metrics.as_ollama() if d.metrics is not None else {}
-                m["load_duration"] = self.lease.load_duration_ns
-                m["total_duration"] = time.perf_counter_ns() - self.t_start
-                yield Piece(i, d.text, list(d.token_ids), d.logprobs, {"done_reason": d.done_reason or "stop", **m})
-        finally:
-            watcher.cancel()
-            self._abort_rest()  # consumer gone (disconnect, error): free the slots and KV
-
-    async def __aiter__(self) -> AsyncIterator[tuple[str, list[int], dict | None]]:
-        async for p in self.pieces():
-            yield p.text, p.token_ids, p.final
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that closes its EngineChunks however the response ends, so freeing the sequence and
-    the lease does not depend on whether the server and starlette ever get to start the body (a body cancelled
-    before its first step runs no `finally`)."""
-
-    def __init__(self, content: AsyncIterator[bytes], chunks: EngineChunks, media_type: str) -> None:
-        super().__init__(content, media_type=media_type)
-        self.chunks = chunks
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.chunks.close()
-
-
-async def collect(chunks: EngineChunks) -> Generation:
-    """The whole output at once (stream: false); closes `chunks`."""
-    return (await collect_all(chunks))[0]
-
-
-async def collect_all(chunks: EngineChunks) -> list[Generation]:
-    """Every choice's whole output (stream: false, n >= 1); closes `chunks`."""
-    gens = [Generation() for _ in chunks.streams]
-    parts: list[list[str]] = [[] for _ in chunks.streams]
-    sizes = [0] * len(gens)
-    try:
-        async for p in chunks.pieces():
-            g = gens[p.index]
-            if p.logprobs:
-                g.logprobs.extend(p.logprobs)
-                g.offsets.extend([sizes[p.index]] * len(p.logprobs))
-            parts[p.index].append(p.text)
-            sizes[p.index] += len(p.text)
-            g.token_ids.extend(p.token_ids)
-            if p.final is not None:
-                g.done_reason = p.final.pop("done_reason")
-                g.metrics = p.final
-    finally:
-        chunks.close()
-    for g, ps in zip(gens, parts):
-        g.text = "".join(ps)
-    return gens
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Embeddings
-
-POOL_NONE, POOL_MEAN, POOL_CLS, POOL_LAST = 0, 1, 2, 3
-
-
-def pooling_type(model: LoadedModel) -> int:
-    """The GGUF `<arch>.pooling_type` when the model declares one; mean pooling for decoder LLMs otherwise."""
-    meta = model.runner.info.metadata or {}
-    arch = model.runner.info.architecture
-    v = meta.get(f"{arch}.pooling_type")
-    try:
-        v = int(v) if v is not None else POOL_MEAN
-    except (TypeError, ValueError):
-        v = POOL_MEAN
-    return v if v in (POOL_MEAN, POOL_CLS, POOL_LAST) else POOL_MEAN
-
-
-async def embed_ids(lease: Lease, ids: list[int]) -> np.ndarray:
-    """Prepared ids -> pooled float32 vector (unnormalised), computed on the engine thread."""
-    model = lease.model
-    try:
-        hidden = await asyncio.wrap_future(model.engine.embed(ids))
-    except NotImplementedError as e:
-        raise APIError(400, f"model '{model.name}' does not support embeddings: {e}") from None
-    h = np.asarray(hidden, dtype=np.float32)
-    if not np.isfinite(h).all():  # JSON cannot carry NaN or infinity; only broken weights produce them
-        raise APIError(400, f"model '{model.name}' produced non-finite values (NaN or infinity) for this input: "
-                            f"its weights are broken")
-    kind = pooling_type(model)
-    vec = h[-1] if kind == POOL_LAST else h[0] if kind == POOL_CLS else h.mean(axis=0)
-    return vec.astype(np.float32)
-
-
-def normalise(vec: np.ndarray, dimensions: int | None = None) -> list[float]:
-    if dimensions is not None:
-        vec = vec[:dimensions]
-    n = float(np.linalg.norm(vec))
-    return (vec / n if n > 0 else vec).astype(np.float32).tolist()
+        lease.release()
+    return JSONResponse(kind.reply(req, vectors, tokens, lease.load_duration_ns, t0))

@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import remote
 from .errors import APIError, parse_body
-from .generation import rfc3339
 from .schemas import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
+from .wire import rfc3339
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -122,7 +122,7 @@ async def ps(request: Request) -> JSONResponse:
     for m in sorted(ctx.manager.loaded(), key=lambda m: m.expires_at, reverse=True):
         details = dict(m.record.details)
         details["parent_model"] = ""
-        gpu = m.backend != "llamacpp" and str(getattr(m.runner, "device", "cpu")).startswith(("cuda", "mps"))
+        gpu = m.backend != "llamacpp" and str(m.runner.device).startswith(("cuda", "mps"))
         out.append({"name": m.name, "model": m.name, "size": m.size, "digest": m.record.digest,
                     "details": details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size if gpu else 0,
                     "context_length": m.context_length})

@@ -1,6 +1,6 @@
 """The prepare step of the four generation endpoints and of embeddings: validate → render the template →
-tokenize → fit to the window → sampling params. Plain synchronous functions that the handlers run in the worker
-pool (never on the event loop); each returns a `Prepared` that the handler submits and streams."""
+tokenize → fit to the window → sampling params. Plain synchronous functions that the request skeleton
+(generation.py) runs in the worker pool (never on the event loop); each returns a `Prepared` to submit."""
 from __future__ import annotations
 
 import json
@@ -11,10 +11,11 @@ from .. import cancel
 from ..engine.grammar import Constraint, GrammarError, grammar_for_format
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import SamplingParams
-from ..models import LoadedModel
+from ..manager import LoadedModel
 from . import prompt_size, prompting
 from .errors import APIError
-from .generation import check_num_ctx, fit_to_context, sampling_params
+from .options import (check_num_ctx, fit_to_context, ollama_logprobs, options_priority, request_priority,
+                      sampling_params)
 from .schemas import ChatCompletionRequest, ChatRequest, CompletionRequest, GenerateRequest
 
 
@@ -32,29 +33,7 @@ class Prepared:
     logprobs: int | None = None  # None: no logprobs; k: each token's logprob and its k most likely alternatives
     n: int = 1  # choices sampled from the one prompt (/v1 `n`)
     priority: int = 0  # lower is scheduled sooner (the engine's prompt order)
-
-
-PRIORITY_NAMES = {"interactive": -1, "normal": 0, "background": 1}
-MAX_PRIORITY = 1000
-
-
-def request_priority(value: Any, field: str = "priority", param: str | None = None) -> int:
-    """A request's priority: an integer (vLLM's convention: lower is sooner, 0 normal) or a name; 400 otherwise."""
-    if value is None:
-        return 0
-    if isinstance(value, str) and value.strip().lower() in PRIORITY_NAMES:
-        return PRIORITY_NAMES[value.strip().lower()]
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
-        raise APIError(400, f"{field} must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY} (lower is sooner) or "
-                            f"one of {', '.join(PRIORITY_NAMES)}; got {json.dumps(value)[:100]}", param=param)
-    return value
-
-
-def options_priority(options: Any) -> int:
-    """`options.priority` on the Ollama API."""
-    return request_priority(options.get("priority") if isinstance(options, dict) else None, "option 'priority'")
+    template: str | None = None  # the model's template: the reply is read back in its tool-call format
 
 
 def check_format(fmt: Any) -> str | None:
@@ -101,15 +80,8 @@ def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParam
             grammar: str | None = None) -> Prepared:
     cancel.checkpoint()  # before compiling the grammar, the last long step
     fit_to_context(ids, params, window, model)
-    return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think))
-
-
-def ollama_logprobs(req: GenerateRequest | ChatRequest) -> int | None:
-    """Ollama's `logprobs` (bool) and `top_logprobs` (0..20 alternatives, read only when logprobs is on)."""
-    top = req.top_logprobs
-    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}")
-    return (top or 0) if req.logprobs else None
+    return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think),
+                    template=prompting.template_of(model))
 
 
 def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:

@@ -12,7 +12,7 @@ import logging
 import weakref
 from typing import Any
 
-from ..models import LoadedModel
+from ..manager import LoadedModel
 from .errors import APIError
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import Any, AsyncIterable, Callable, Iterator
 
 from ..config import Settings
-from ..models import ModelRecord
+from ..manager import ModelRecord
+from ..store import errors as se
+from ..store import create_model, ensure_demo_model, hfpull, registry, show_model
+from ..store.manifest import ManifestError
+from ..store.names import parse_name
+from ..store.store import ModelStore
 from .errors import APIError
 
 log = logging.getLogger(__name__)
@@ -16,9 +21,6 @@ log = logging.getLogger(__name__)
 @contextlib.contextmanager
 def store_errors(name: str = "") -> Iterator[None]:
     """Store exceptions -> APIError with Ollama's statuses and messages."""
-    from ..store import errors as se  # noqa: PLC0415
-    from ..store.manifest import ManifestError  # noqa: PLC0415
-
     try:
         yield
     except APIError:
@@ -52,7 +54,7 @@ class StoreAdapter:
 
     def show(self, name: str, verbose: bool = False, system: str | None = None) -> dict[str, Any]:
         with store_errors(name):
-            return self.store.show(name, verbose=verbose, system=system)
+            return show_model(self.store, name, verbose=verbose, system=system)
 
     def resolve(self, name: str) -> ModelRecord:
         if not name:
@@ -80,14 +82,11 @@ class StoreAdapter:
             "quantize": req.quantize or req.quantization,
         }
         with store_errors(name):
-            it = self.store.create(name, **{k: v for k, v in kwargs.items() if v is not None})
+            it = create_model(self.store, name, **{k: v for k, v in kwargs.items() if v is not None})
         return _mapped(it, name)
 
     def pull_iter(self, name: str, insecure: bool) -> Iterator[dict[str, Any]]:
         """Validates the name (APIError 400) and returns the iterator of progress lines that performs the pull."""
-        from ..store import hfpull, registry  # noqa: PLC0415
-        from ..store.names import parse_name  # noqa: PLC0415
-
         with store_errors(name):
             mn = parse_name(name)
             return hfpull.pull_hf(self.store, mn) if hfpull.is_hf_name(mn) else registry.pull(self.store, name,
@@ -95,8 +94,6 @@ class StoreAdapter:
 
     def push_iter(self, name: str, insecure: bool) -> Iterator[dict[str, Any]]:
         """Validates the name and that the model exists (400/404); the iterator uploads it."""
-        from ..store import registry  # noqa: PLC0415
-
         with store_errors(name):
             return registry.push(self.store, name, insecure)
 
@@ -125,8 +122,6 @@ class StoreAdapter:
 
     def ensure_demo(self) -> None:
         """First start with an empty store: create the synthetic `demo` model (labelled synthetic in /api/show)."""
-        from ..store import ensure_demo_model  # noqa: PLC0415
-
         if ensure_demo_model(self.store):
             log.info("empty model store: created the synthetic demo model")
 
@@ -142,8 +137,6 @@ def _mapped(it: Iterator[str], name: str) -> Iterator[str]:
 
 
 def make_store(settings: Settings) -> StoreAdapter:
-    from ..store.store import ModelStore  # noqa: PLC0415
-
     readonly: list[Path] = []
     if settings.ollama_store is not None and (Path(settings.ollama_store) / "manifests").is_dir():
         readonly.append(Path(settings.ollama_store))

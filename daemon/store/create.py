@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from ...backends.remote.endpoint import FROM_SHAPE, SETTING_KEYS as REMOTE_SETTING_KEYS
 from ...backends.remote.endpoint import EndpointError, RemoteEndpoint, is_remote_from
@@ -18,10 +18,8 @@ from .manifest import (CONFIG_MEDIA_TYPE, MT_ADAPTER, MT_FILE, MT_LICENSE, MT_ME
                        MT_SYSTEM, MT_TEMPLATE, Layer, Manifest, ModelConfig)
 from .modelfile import InvalidParameter, format_params
 from .names import parse_digest, parse_name
+from .store import ModelStore
 from .weights import WeightsError, human_number, read_gguf, read_hf
-
-if TYPE_CHECKING:
-    from .store import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +45,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _check_files(store: "ModelStore", files: Any) -> dict[str, str]:
+def _check_files(store: ModelStore, files: Any) -> dict[str, str]:
     if not isinstance(files, dict) or not files:
         raise InvalidModel("files must be a non-empty object mapping file names to sha256 digests")
     out: dict[str, str] = {}
@@ -70,7 +68,7 @@ def _licenses(license: Any) -> list[str]:
     raise InvalidModel(f"license must be a string or a list of strings, got {license!r}")
 
 
-def create_model(store: "ModelStore", name: str, *, files: dict[str, str] | None = None, from_: str | None = None,
+def create_model(store: ModelStore, name: str, *, files: dict[str, str] | None = None, from_: str | None = None,
                  template: str | None = None, system: str | None = None, parameters: dict[str, Any] | None = None,
                  messages: list[dict[str, Any]] | None = None, license: str | list[str] | None = None,
                  adapters: dict[str, str] | None = None, quantize: str | None = None) -> Iterator[str]:
@@ -94,7 +92,8 @@ def create_model(store: "ModelStore", name: str, *, files: dict[str, str] | None
     msgs = _check_messages(messages) if messages is not None else None
     licenses = _licenses(license)
     if template:
-        from ..templates import TemplateError, check_template
+        # jinja2 only when a template is given: the CLI imports the store without it
+        from ..prompt.templates import TemplateError, check_template  # noqa: PLC0415
 
         try:
             check_template(template)
@@ -131,7 +130,7 @@ def _remote_config(from_: str, settings: dict[str, Any], files: Any, template: s
                        extra={"remote": ep.to_json()})
 
 
-def _weights_layers(store: "ModelStore", files: dict[str, str]) -> tuple[list[Layer], ModelConfig, str]:
+def _weights_layers(store: ModelStore, files: dict[str, str]) -> tuple[list[Layer], ModelConfig, str]:
     ggufs = [f for f in files if f.lower().endswith(".gguf")]
     if len(ggufs) > 1:
         raise InvalidModel(f"only one .gguf file per model is supported, got {', '.join(sorted(ggufs))}")
@@ -163,7 +162,7 @@ def _weights_layers(store: "ModelStore", files: dict[str, str]) -> tuple[list[La
     return layers, cfg, status
 
 
-def _run(store: "ModelStore", target: Any, layers: list[Layer], config: Layer | ModelConfig, status: str | None,
+def _run(store: ModelStore, target: Any, layers: list[Layer], config: Layer | ModelConfig, status: str | None,
          template: str | None, system: str | None, params: dict[str, Any], msgs: list[dict[str, Any]] | None,
          licenses: list[str]) -> Iterator[str]:
     if status:

@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .create import create_model
 from .show import SYNTHETIC_NOTE
 from .weights import read_gguf
 
@@ -30,7 +31,7 @@ def create_demo_model(store: "ModelStore", name: str = "demo", preset: str = "de
     params: dict = {"num_predict": DEMO_NUM_PREDICT}
     if info.eos_token:
         params["stop"] = [info.eos_token]
-    for status in store.create(name, files={Path(path).name: digest}, template=info.chat_template,
+    for status in create_model(store, name, files={Path(path).name: digest}, template=info.chat_template,
                                parameters=params, license=SYNTHETIC_NOTE):
         log.debug("demo model: %s", status)
     (store.root / DEMO_MARKER).write_text(name + "\n", encoding="utf-8")

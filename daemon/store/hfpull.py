@@ -9,6 +9,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Iterator
 
+from .create import create_model
 from .download import DownloadError
 from .errors import StoreError
 from .manifest import Layer, MT_MODEL
@@ -86,5 +87,5 @@ def pull_hf(store: "ModelStore", name: ModelName) -> Iterator[dict[str, Any]]:
         except DownloadError as e:
             raise RegistryError(str(e)) from e
     yield {"status": "verifying sha256 digest"}
-    for status in store.create(name.full(), files={filename.rsplit("/", 1)[-1]: layer.digest}):
+    for status in create_model(store, name.full(), files={filename.rsplit("/", 1)[-1]: layer.digest}):
         yield {"status": status}

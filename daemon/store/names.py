@@ -131,15 +131,6 @@ def name_scheme(text: str) -> str | None:
     return head.lower() if sep and head.lower() in ("http", "https") else None
 
 
-def is_valid_name(text: str) -> bool:
-    """True if `text` parses as a model name."""
-    try:
-        parse_name(text)
-    except InvalidName:
-        return False
-    return True
-
-
 def parse_digest(text: str) -> str:
     """`sha256:<hex>` or `sha256-<hex>` -> lower-case 64-hex string; anything else raises InvalidDigest."""
     if not isinstance(text, str) or not _DIGEST_RE.fullmatch(text):

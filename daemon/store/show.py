@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ...backends.remote.endpoint import RemoteEndpoint
 from .manifest import MT_MODEL, MT_PROMPT, MT_TEMPLATE
 from .modelfile import parameters_text, render_modelfile
+from .store import ModelStore
 from .weights import SYNTHETIC_KEY
-
-if TYPE_CHECKING:
-    from .store import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +16,7 @@ SYNTHETIC_NOTE = ("evenflow synthetic model: random weights for demos and tests;
 _HIDDEN_KEYS = ("general.name", "tokenizer.chat_template")  # Ollama leaves these out of model_info
 
 
-def show_model(store: "ModelStore", name: str, *, verbose: bool = False, system: str | None = None) -> dict[str, Any]:
+def show_model(store: ModelStore, name: str, *, verbose: bool = False, system: str | None = None) -> dict[str, Any]:
     """Ollama's ShowResponse for `name`; raises ModelNotFound / InvalidName like resolve."""
     resolved = store.resolve(name)
     if resolved.remote is not None:
@@ -58,8 +57,6 @@ def show_model(store: "ModelStore", name: str, *, verbose: bool = False, system:
 
 def _show_remote(resolved: Any, system: str | None) -> dict[str, Any]:
     """A remote model: its endpoint in model_info and the Modelfile (the key's variable name, never the key)."""
-    from ...backends.remote import RemoteEndpoint  # noqa: PLC0415
-
     ep = RemoteEndpoint.from_json(resolved.remote)
     sys_text = system if system is not None else (resolved.system or "")
     shown = {**ep.settings(), **resolved.params}

@@ -217,7 +217,8 @@ class ModelStore:
 
     def resolve(self, name: str) -> ResolvedModel:
         """Everything to load and prompt `name`; raises ModelNotFound, InvalidName, InvalidModel, BlobNotFound."""
-        from ..templates import template_capabilities  # local: templates import jinja2, the store should not need it
+        # jinja2 only here: the CLI imports the store without it
+        from ..prompt.templates import template_capabilities  # noqa: PLC0415
 
         found = self._require(name)
         manifest, data = self._load(found)
@@ -420,15 +421,3 @@ class ModelStore:
             except OSError:
                 break
             cur = cur.parent
-
-    def create(self, name: str, **kwargs: Any) -> Iterator[str]:
-        """Validate, then return an iterator of Ollama's status lines that performs the create (see create.py)."""
-        from .create import create_model
-
-        return create_model(self, name, **kwargs)
-
-    def show(self, name: str, verbose: bool = False, system: str | None = None) -> dict[str, Any]:
-        """Ollama's /api/show body (see show.py)."""
-        from .show import show_model
-
-        return show_model(self, name, verbose=verbose, system=system)

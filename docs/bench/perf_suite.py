@@ -50,13 +50,13 @@ def free_port() -> int:
 
 
 def import_model(store: Path, gguf: Path) -> None:
-    from evenflow.daemon.store import ModelStore
+    from evenflow.daemon.store import ModelStore, create_model
 
     digest = "sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest()
     st = ModelStore(store)
     with gguf.open("rb") as f:
         st.write_blob(digest, iter(lambda: f.read(1 << 20), b""))
-    for _ in st.create(MODEL, files={gguf.name: digest}):
+    for _ in create_model(st, MODEL, files={gguf.name: digest}):
         pass
 
 

@@ -15,10 +15,34 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
-from .api.errors import SERVER_BUSY, APIError
 from .config import FOREVER, Settings
+from .engine.engine import Engine, EngineConfig
 
 log = logging.getLogger(__name__)
+
+
+class ManagerError(Exception):
+    """A request the manager cannot serve; the API answers each kind with its HTTP status."""
+
+
+class ShuttingDown(ManagerError):
+    """The daemon is stopping: no new leases."""
+
+
+class Busy(ManagerError):
+    """As many requests as the daemon queues are already waiting for a model."""
+
+
+class CannotServe(ManagerError):
+    """The request asks what this model cannot give: a remote model here, a num_ctx over its trained window."""
+
+
+class LoadFailed(ManagerError):
+    """The model did not load; `model_fault` when its files are bad or unsupported (the same answer every time)."""
+
+    def __init__(self, message: str, model_fault: bool = False) -> None:
+        super().__init__(message)
+        self.model_fault = model_fault
 
 
 @dataclass
@@ -38,7 +62,7 @@ class ModelRecord:
     bos_token: str | None = None  # special-token texts for Jinja templates
     eos_token: str | None = None
     synthetic: bool = False
-    remote: dict[str, Any] | None = None  # served by an upstream engine (daemon/api/remote.py), never loaded here
+    remote: dict[str, Any] | None = None  # served by an upstream engine (daemon/api/remote/), never loaded here
 
 
 @dataclass
@@ -85,7 +109,7 @@ class Lease:
         self.release()
 
 
-Resolver = Callable[[str], ModelRecord]  # raises APIError(404/400) for unknown or invalid names
+Resolver = Callable[[str], ModelRecord]  # raises the caller's own errors for unknown or invalid names
 
 
 class ModelManager:
@@ -118,18 +142,18 @@ class ModelManager:
             m.engine.subscribe(fn)
 
     async def acquire(self, name: str, *, keep_alive: float | None = None, num_ctx: int | None = None) -> Lease:
-        """Resolve, load if needed (shared), and hold `name`; APIError 404/400/503/500 on failure."""
+        """Resolve, load if needed (shared), and hold `name`; a ManagerError (or the resolver's) on failure."""
         if self._closing:
-            raise APIError(503, "server is shutting down")
+            raise ShuttingDown("server is shutting down")
         record = self.resolve(name)
         if record.remote is not None:
-            raise APIError(400, f"model '{record.name}' is a remote model; this endpoint cannot serve it")
+            raise CannotServe(f"model '{record.name}' is a remote model; this endpoint cannot serve it")
         if num_ctx is not None and record.context_length and num_ctx > record.context_length:
-            raise APIError(400, f"num_ctx {num_ctx} exceeds the context length of model '{record.name}' "
-                                f"({record.context_length} tokens); use num_ctx <= {record.context_length}")
+            raise CannotServe(f"num_ctx {num_ctx} exceeds the context length of model '{record.name}' "
+                              f"({record.context_length} tokens); use num_ctx <= {record.context_length}")
         keep = self.settings.keep_alive if keep_alive is None else keep_alive
         if self._pending >= self.settings.max_queue:
-            raise APIError(503, SERVER_BUSY)
+            raise Busy(f"{self._pending} requests are already waiting for a model")
         self._pending += 1
         t0 = time.perf_counter_ns()
         try:
@@ -228,8 +252,6 @@ class ModelManager:
                 await asyncio.sleep(0.05)
 
     async def _load(self, record: ModelRecord, num_ctx: int | None) -> LoadedModel:
-        from .engine.engine import Engine, EngineConfig  # noqa: PLC0415 - heavy, only once a model is used
-
         s = self.settings
         want = num_ctx if num_ctx is not None else s.context_length
         if record.context_length:
@@ -250,13 +272,14 @@ class ModelManager:
         try:
             runner = await asyncio.to_thread(self.loader, backend, record.path, rs)
         except InsufficientMemory as e:
-            raise APIError(500, f"failed to load model {record.name!r}: {public_text(str(e), record.path)}") from None
+            raise LoadFailed(f"failed to load model {record.name!r}: {public_text(str(e), record.path)}") from None
         except ModelLoadError as e:  # the model's files are bad or unsupported: the same answer every time
-            raise APIError(400, f"failed to load model {record.name!r}: {public_text(str(e), record.path)}") from None
+            raise LoadFailed(f"failed to load model {record.name!r}: {public_text(str(e), record.path)}",
+                             model_fault=True) from None
         except (OSError, ValueError, RuntimeError):
             log.exception("loading %s with backend %s failed", record.name, backend)  # its text may hold paths
-            raise APIError(500, f"failed to load model {record.name!r} with backend {backend}: internal error "
-                                f"(see the daemon log)") from None
+            raise LoadFailed(f"failed to load model {record.name!r} with backend {backend}: internal error "
+                             f"(see the daemon log)") from None
         ctx = min(want, int(runner.info.context_length))
         cfg = EngineConfig(prefill_mode=s.prefill, max_num_batched_tokens=step_cap,
                            max_num_seqs=self.slots, target_itl_ms=s.target_itl_ms, max_queue=s.max_queue,

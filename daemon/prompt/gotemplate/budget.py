@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import cancel
+from ... import cancel
 from .errors import TemplateError
 
 MAX_STEPS = 500_000  # real chat templates take well under 1,000 per message

@@ -14,39 +14,45 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from ...backends.remote import RemoteEndpoint, UpstreamError, UpstreamStream
-from .errors import APIError
-from .generation import normalise, now_rfc3339, parse_keep_alive, rfc3339
-from .remote_convert import Reader, chat_messages, response_format, sampling, thinking
-from .remote_hub import PS_CHECK_S, PS_FAILED_TTL_S, RemoteModel, RemoteRun, hub_of, lookup
+from ....backends.remote import UpstreamError, UpstreamStream
+from ..errors import APIError
+from ..ollama_reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
+from ..options import parse_keep_alive
+from ..plan import embed_inputs
+from ..wire import NDJSON, SSE, now_rfc3339, streamed
+from .convert import Reader, chat_messages, response_format, sampling, thinking
+from .hub import RemoteModel, RemoteRun, hub_of
 
-__all__ = ["lookup", "chat", "generate", "embed", "embeddings", "v1", "ps_rows", "show_info"]
-NDJSON = "application/x-ndjson"
+
+async def serve(request: Request, rm: RemoteModel, endpoint: str, req: Any, t0: int) -> Response:
+    """`endpoint`'s request for the remote model `rm`, answered by its upstream engine."""
+    if endpoint.startswith("/v1/"):
+        return await v1(request, rm, endpoint[len("/v1"):])
+    if endpoint == "/api/chat":
+        return await chat(request, rm, req, t0)
+    if endpoint == "/api/generate":
+        return await generate(request, rm, req, t0)
+    if endpoint == "/api/embed":
+        return await embed(request, rm, req, t0)
+    if endpoint == "/api/embeddings":
+        return await embeddings(request, rm, req)
+    raise ValueError(f"no remote route for {endpoint}")
 
 
 def _err(rm: RemoteModel, e: UpstreamError) -> APIError:
     return APIError(e.status, f"remote model '{rm.name}': {e.message}")
 
 
-def _line(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
-
-
-class _UpstreamResponse(StreamingResponse):
+def _closer(up: UpstreamStream, run: RemoteRun) -> Callable[[], Awaitable[None]]:
     """Closes the upstream response however ours ends (done, error, client gone), and records the end."""
 
-    def __init__(self, content: AsyncIterator[bytes], up: UpstreamStream, run: RemoteRun, media_type: str) -> None:
-        super().__init__(content, media_type=media_type)
-        self.up, self.run = up, run
+    async def close() -> None:
+        await up.aclose()
+        run.finish("abort")  # a no-op when the stream finished
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.up.aclose()
-            self.run.finish("abort")  # a no-op when the stream finished
+    return close
 
 
 async def _disconnected(request: Request) -> None:
@@ -121,18 +127,15 @@ async def _relay(request: Request, rm: RemoteModel, run: RemoteRun, path: str, b
             await up.aclose()
             run.finish("abort")
 
-    async def lines() -> AsyncIterator[bytes]:
-        try:
-            async for content, think in _pieces(request, rm, run, up, reader):
-                yield _line(shape(content, think, None, {"done": False}))
-            calls = reader.tool_calls()
-            if calls:
-                yield _line(shape("", "", calls, {"done": False}))
-            yield _line(shape("", "", None, {"done": True, "done_reason": reader.done_reason, **reader.metrics()}))
-        except APIError as e:
-            yield _line({"error": e.message})
+    async def objs() -> AsyncIterator[dict[str, Any]]:
+        async for content, think in _pieces(request, rm, run, up, reader):
+            yield shape(content, think, None, {"done": False})
+        calls = reader.tool_calls()
+        if calls:
+            yield shape("", "", calls, {"done": False})
+        yield shape("", "", None, {"done": True, "done_reason": reader.done_reason, **reader.metrics()})
 
-    return _UpstreamResponse(lines(), up, run, NDJSON)
+    return streamed(NDJSON, objs(), _closer(up, run))
 
 
 def _chat_shape(model: str) -> Callable[..., dict[str, Any]]:
@@ -155,12 +158,13 @@ def _generate_shape(model: str) -> Callable[..., dict[str, Any]]:
     return shape
 
 
-async def _loaded(request: Request, rm: RemoteModel, model: str, keep_alive: Any, shape: dict[str, Any]) -> JSONResponse:
+async def _loaded(request: Request, rm: RemoteModel, req: Any,
+                  answer: Callable[[str, str], dict[str, Any]]) -> JSONResponse:
     """Empty prompt/messages: check the upstream ("load"); keep_alive 0 answers "unload" (nothing is held)."""
-    reason = "unload" if parse_keep_alive(keep_alive) == 0 else "load"
+    reason = "unload" if parse_keep_alive(req.keep_alive) == 0 else "load"
     if reason == "load":
         await hub_of(request).ensure(request, rm)
-    return JSONResponse({"model": model, "created_at": now_rfc3339(), **shape, "done": True, "done_reason": reason})
+    return JSONResponse(answer(req.model, reason))
 
 
 def _no_logprobs(req: Any) -> None:
@@ -181,7 +185,7 @@ async def chat(request: Request, rm: RemoteModel, req: Any, t0: int) -> Response
     """/api/chat for a remote model -> upstream /v1/chat/completions."""
     _no_logprobs(req)
     if not req.messages:
-        return await _loaded(request, rm, req.model, req.keep_alive, {"message": {"role": "assistant", "content": ""}})
+        return await _loaded(request, rm, req, ChatReply.loaded)
     body = {**_ollama_body(rm, req), "messages": chat_messages(req.messages, rm.system, rm.messages),
             **thinking(req.think)}
     if req.tools:
@@ -199,7 +203,7 @@ async def generate(request: Request, rm: RemoteModel, req: Any, t0: int) -> Resp
         raise APIError(400, "template and context do not apply to a remote model (the upstream engine applies its "
                             "own template; send the conversation to /api/chat)")
     if not req.prompt and not req.suffix:
-        return await _loaded(request, rm, req.model, req.keep_alive, {"response": ""})
+        return await _loaded(request, rm, req, GenerateReply.loaded)
     body = _ollama_body(rm, req)
     if req.raw or req.suffix:
         path, body["prompt"] = "/completions", req.prompt or ""
@@ -232,28 +236,15 @@ async def _embeddings(request: Request, rm: RemoteModel, inputs: list[str]) -> t
 
 async def embed(request: Request, rm: RemoteModel, req: Any, t0: int) -> JSONResponse:
     """/api/embed -> upstream /v1/embeddings; vectors cut to `dimensions` and L2-normalised here, as local ones."""
-    inputs = req.input
-    if isinstance(inputs, str):
-        inputs = [inputs] if inputs else []
-    elif inputs is None:
-        inputs = []
-    elif not isinstance(inputs, list) or not all(isinstance(s, str) for s in inputs):
-        raise APIError(400, "invalid input type")
-    if req.dimensions is not None and req.dimensions < 1:
-        raise APIError(400, f"dimensions must be a positive integer, got {req.dimensions}")
-    if not inputs:
-        return JSONResponse({"model": req.model, "embeddings": []})
-    vectors, count = await _embeddings(request, rm, inputs)
-    return JSONResponse({"model": req.model, "embeddings": [normalise(v, req.dimensions) for v in vectors],
-                         "total_duration": time.perf_counter_ns() - t0, "load_duration": 0, "prompt_eval_count": count})
+    inputs = embed_inputs(req)
+    vectors, count = await _embeddings(request, rm, inputs) if inputs else ([], 0)
+    return JSONResponse(embed_reply(req, vectors, count, 0, t0))
 
 
 async def embeddings(request: Request, rm: RemoteModel, req: Any) -> JSONResponse:
     """Legacy /api/embeddings: one prompt, the upstream's vector as it comes."""
-    if not req.prompt:
-        return JSONResponse({"embedding": []})
-    vectors, _ = await _embeddings(request, rm, [req.prompt])
-    return JSONResponse({"embedding": [float(x) for x in vectors[0].astype("float64")]})
+    vectors, count = await _embeddings(request, rm, [req.prompt]) if req.prompt else ([], 0)
+    return JSONResponse(embeddings_reply(req, vectors, count, 0, 0))
 
 
 async def v1(request: Request, rm: RemoteModel, path: str) -> Response:
@@ -277,22 +268,20 @@ async def v1(request: Request, rm: RemoteModel, path: str) -> Response:
     reader = Reader(time.perf_counter_ns())
     up = await _open(request, rm, run, path, body, reader)
 
-    async def events() -> AsyncIterator[bytes]:
+    async def objs() -> AsyncIterator[dict[str, Any]]:
         try:
             async for obj in up.events():
                 text, think = reader.feed(obj)
                 if text or think:
                     run.token(text or think)
-                yield f"data: {json.dumps({**obj, 'model': asked}, ensure_ascii=False)}\n\n".encode()
+                yield {**obj, "model": asked}
             run.finish(reader.done_reason, reader.prompt_tokens, reader.output_tokens)
         except UpstreamError as e:
             hub_of(request).forget(rm.endpoint)
             run.finish("error")
-            err = {"error": {"message": _err(rm, e).message, "type": "api_error", "param": None, "code": None}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+            raise _err(rm, e) from None
 
-    return _UpstreamResponse(events(), up, run, "text/event-stream")
+    return streamed(SSE, objs(), _closer(up, run))
 
 
 async def _v1_json(request: Request, rm: RemoteModel, path: str, body: dict[str, Any],
@@ -324,47 +313,3 @@ async def _v1_json(request: Request, rm: RemoteModel, path: str, body: dict[str,
 
 async def _noop() -> None:
     return None
-
-
-async def ps_rows(request: Request) -> list[dict[str, Any]]:
-    """/api/ps rows for the remote models whose upstream answers now (a short check, cached while healthy)."""
-    ctx, hub = request.app.state.ctx, hub_of(request)
-    find = getattr(ctx.store, "remote", None)
-    if find is None:
-        return []
-    models = [m for m in await asyncio.to_thread(ctx.store.list_models) if m["details"].get("format") == "remote"]
-
-    async def row(m: dict[str, Any]) -> dict[str, Any] | None:
-        spec = await asyncio.to_thread(find, m["name"])
-        if spec is None:
-            return None
-        try:
-            h = await asyncio.wait_for(hub.check(RemoteEndpoint.from_json(spec), PS_FAILED_TTL_S), PS_CHECK_S)
-        except (asyncio.TimeoutError, ValueError):
-            return None
-        if not h.ok:
-            return None
-        return {"name": m["name"], "model": m["name"], "size": 0, "digest": m["digest"],
-                "details": {**m["details"], "parent_model": ""}, "expires_at": rfc3339(float("inf")),
-                "size_vram": 0, "context_length": h.context_length or 0}
-
-    return [r for r in await asyncio.gather(*(row(m) for m in models)) if r is not None]
-
-
-async def show_info(request: Request, name: str, info: dict[str, Any]) -> None:
-    """Live facts for /api/show of a remote model: reachable now, the engine, the context length it reports."""
-    rm = await lookup(request, name)
-    if rm is None:
-        return
-    try:
-        h = await asyncio.wait_for(hub_of(request).check(rm.endpoint, PS_FAILED_TTL_S), PS_CHECK_S)
-    except asyncio.TimeoutError:
-        h = None
-    mi = info.setdefault("model_info", {})
-    mi["remote.reachable"] = bool(h and h.ok)
-    if h is not None and h.ok:
-        mi["remote.engine"] = h.engine
-        if h.context_length:
-            mi["remote.context_length"] = h.context_length
-    elif h is not None and h.error is not None:
-        mi["remote.error"] = h.error.message

@@ -1,4 +1,5 @@
-"""What the daemon keeps for remote models: the upstream connection pools, health checks, /api/events."""
+"""What the daemon keeps for remote models: the upstream connection pools, health checks (shown in /api/ps and
+/api/show), the lookup of a name, /api/events."""
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +11,9 @@ from typing import Any
 
 from fastapi import Request
 
-from ...backends.remote import RemoteEndpoint, Upstream, UpstreamError, UpstreamPool
-from .errors import APIError
+from ....backends.remote import RemoteEndpoint, Upstream, UpstreamError, UpstreamPool
+from ..errors import APIError
+from ..wire import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -177,3 +179,47 @@ class RemoteRun:
         self.prompt_tokens = prompt_tokens or self.prompt_tokens
         self.output_tokens = output_tokens or self.output_tokens
         self.emit("finished", done_reason=reason)
+
+
+async def ps_rows(request: Request) -> list[dict[str, Any]]:
+    """/api/ps rows for the remote models whose upstream answers now (a short check, cached while healthy)."""
+    ctx, hub = request.app.state.ctx, hub_of(request)
+    find = getattr(ctx.store, "remote", None)
+    if find is None:
+        return []
+    models = [m for m in await asyncio.to_thread(ctx.store.list_models) if m["details"].get("format") == "remote"]
+
+    async def row(m: dict[str, Any]) -> dict[str, Any] | None:
+        spec = await asyncio.to_thread(find, m["name"])
+        if spec is None:
+            return None
+        try:
+            h = await asyncio.wait_for(hub.check(RemoteEndpoint.from_json(spec), PS_FAILED_TTL_S), PS_CHECK_S)
+        except (asyncio.TimeoutError, ValueError):
+            return None
+        if not h.ok:
+            return None
+        return {"name": m["name"], "model": m["name"], "size": 0, "digest": m["digest"],
+                "details": {**m["details"], "parent_model": ""}, "expires_at": rfc3339(float("inf")),
+                "size_vram": 0, "context_length": h.context_length or 0}
+
+    return [r for r in await asyncio.gather(*(row(m) for m in models)) if r is not None]
+
+
+async def show_info(request: Request, name: str, info: dict[str, Any]) -> None:
+    """Live facts for /api/show of a remote model: reachable now, the engine, the context length it reports."""
+    rm = await lookup(request, name)
+    if rm is None:
+        return
+    try:
+        h = await asyncio.wait_for(hub_of(request).check(rm.endpoint, PS_FAILED_TTL_S), PS_CHECK_S)
+    except asyncio.TimeoutError:
+        h = None
+    mi = info.setdefault("model_info", {})
+    mi["remote.reachable"] = bool(h and h.ok)
+    if h is not None and h.ok:
+        mi["remote.engine"] = h.engine
+        if h.context_length:
+            mi["remote.context_length"] = h.context_length
+    elif h is not None and h.error is not None:
+        mi["remote.error"] = h.error.message

@@ -1,0 +1,175 @@
+"""A request's engine output: submit the prepared prompt (n choices), read the choices back as pieces with
+Ollama's final metrics, abort them when the client goes away, and free them and the model lease however the
+request ends."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+
+from ..engine.engine import EngineStopped, PromptTooLong, QueueFull
+from ..manager import Lease
+from .errors import SERVER_BUSY, APIError
+from .prepare import Prepared
+
+
+@dataclass
+class Generation:
+    """The collected result of one engine sequence."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    done_reason: str | None = None
+    metrics: dict[str, int] = field(default_factory=dict)
+    logprobs: list[Any] = field(default_factory=list)  # engine TokenLogprob per token, when asked
+    offsets: list[int] = field(default_factory=list)  # character offset in `text` where each of those starts
+
+
+@dataclass
+class Piece:
+    """One streamed delta of choice `index`; `final` (Ollama metrics + done_reason) only on its last piece."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[Any] | None
+    final: dict[str, Any] | None
+
+
+async def _watch_disconnect(request: Request, on_gone) -> None:
+    """Waits for the client to go away (http.disconnect) and calls `on_gone` once."""
+    try:
+        while True:
+            msg = await request.receive()
+            if msg.get("type") == "http.disconnect":
+                on_gone()
+                return
+    except (asyncio.CancelledError, RuntimeError):
+        return
+
+
+async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint: str,
+                        t_start: int) -> "EngineChunks":
+    """Submit a prepared request; its output comes from the returned EngineChunks.
+
+    Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses. The request's
+    events name the model and endpoint, and carry the prompt text when the daemon logs content.
+    """
+    model = lease.model
+    user = {"model": model.name, "endpoint": endpoint}
+    if request.app.state.ctx.settings.log_content:
+        user["prompt"] = prep.text
+    engine = model.engine
+    # n > 1: a seeded request gives choice i the seed + i, so the choices differ yet reproduce
+    params = [prep.params] + [dataclasses.replace(prep.params, seed=prep.params.seed + i if prep.params.seed >= 0
+                                                  else -1) for i in range(1, prep.n)]
+    try:
+        streams = engine.submit_group(prep.prompt_ids, params, user=user, constraint=prep.constraint,
+                                      logprobs=prep.logprobs, priority=prep.priority)
+    except PromptTooLong as e:
+        raise APIError(400, str(e)) from None
+    except QueueFull:
+        raise APIError(503, SERVER_BUSY) from None
+    except EngineStopped:
+        raise APIError(503, "the model is being unloaded or the server is shutting down; retry") from None
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+    return EngineChunks(request, engine, streams, lease, t_start)
+
+
+async def _merged(streams: list[Any]) -> AsyncIterator[tuple[int, Any]]:
+    """(index, delta) from several engine streams as they arrive, until every one is done."""
+    if len(streams) == 1:
+        async for d in streams[0]:
+            yield 0, d
+        return
+    q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, stream: Any) -> None:
+        async for d in stream:
+            q.put_nowait((i, d))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, d = await q.get()
+            left -= d.done
+            yield i, d
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+class EngineChunks:
+    """One request's engine output (n choices), iterated as `pieces()`; `final` (Ollama metrics + done_reason)
+    comes with a choice's last piece. It owns the sequences and the model lease: `close()` aborts the sequences
+    that did not finish (their KV freed at the next engine step) and releases the lease. `collect_all()` and the
+    streamed responses call it however they end: done, failed, client gone, even before iterating."""
+
+    def __init__(self, request: Request, engine: Any, streams: list[Any], lease: Lease, t_start: int) -> None:
+        self.request, self.engine, self.streams, self.lease, self.t_start = request, engine, streams, lease, t_start
+        self.done: set[int] = set()
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.streams)
+
+    def _abort_rest(self) -> None:
+        for i, s in enumerate(self.streams):
+            if i not in self.done:
+                self.engine.abort(s.seq_id)
+
+    def close(self) -> None:
+        self._abort_rest()
+        self.lease.release()
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        watcher = asyncio.create_task(_watch_disconnect(self.request, self._abort_rest))
+        try:
+            async for i, d in _merged(self.streams):
+                if not d.done:
+                    yield Piece(i, d.text, list(d.token_ids), d.logprobs, None)
+                    continue
+                self.done.add(i)
+                if d.done_reason == "error":
+                    # the engine logged the cause; its text (an exception's) is not for clients
+                    raise APIError(500, "internal error: generation failed (see the daemon log)")
+                if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
+                    raise APIError(503, "the request was aborted: the server is shutting down or the model "
+                                        "was unloaded; retry")
+                m = d.metrics.as_ollama() if d.metrics is not None else {}
+                m["load_duration"] = self.lease.load_duration_ns
+                m["total_duration"] = time.perf_counter_ns() - self.t_start
+                yield Piece(i, d.text, list(d.token_ids), d.logprobs, {"done_reason": d.done_reason or "stop", **m})
+        finally:
+            watcher.cancel()
+            self._abort_rest()  # consumer gone (disconnect, error): free the slots and KV
+
+
+async def collect_all(chunks: EngineChunks) -> list[Generation]:
+    """Every choice's whole output (stream: false, n >= 1); closes `chunks`."""
+    gens = [Generation() for _ in chunks.streams]
+    parts: list[list[str]] = [[] for _ in chunks.streams]
+    sizes = [0] * len(gens)
+    try:
+        async for p in chunks.pieces():
+            g = gens[p.index]
+            if p.logprobs:
+                g.logprobs.extend(p.logprobs)
+                g.offsets.extend([sizes[p.index]] * len(p.logprobs))
+            parts[p.index].append(p.text)
+            sizes[p.index] += len(p.text)
+            g.token_ids.extend(p.token_ids)
+            if p.final is not None:
+                g.done_reason = p.final.pop("done_reason")
+                g.metrics = p.final
+    finally:
+        chunks.close()
+    for g, ps in zip(gens, parts):
+        g.text = "".join(ps)
+    return gens

@@ -1,0 +1,126 @@
+"""Ollama's wire format for model replies: /api/generate and /api/chat objects (streamed pieces, the final object
+with the metrics, the whole answer with `stream: false`, the load/unload answer) and the embedding bodies."""
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from ..manager import LoadedModel
+from ..prompt.reply import ReplyParser
+from . import logprobs as lp_format
+from .embedding import normalise
+from .engine_stream import Generation, Piece
+from .prepare import Prepared
+from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
+from .wire import now_rfc3339
+
+
+class GenerateReply:
+    """/api/generate: `response` pieces, then the final object with the metrics and `context` (unless raw)."""
+
+    @staticmethod
+    def loaded(name: str, reason: str) -> dict[str, Any]:
+        """The answer to an empty prompt: the model was loaded ("load") or unloaded ("unload")."""
+        return {"model": name, "created_at": now_rfc3339(), "response": "", "done": True, "done_reason": reason}
+
+    def __init__(self, req: GenerateRequest, model: LoadedModel, prep: Prepared) -> None:
+        self.req, self.prompt_ids = req, prep.prompt_ids
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, None)
+        self.tokenizer = model.runner.tokenizer
+
+    def _final(self, output_ids: list[int], final: dict[str, Any]) -> dict[str, Any]:
+        out = {"model": self.req.model, "created_at": now_rfc3339(), "response": "", "done": True, **final}
+        if not self.req.raw:
+            out["context"] = self.prompt_ids + output_ids
+        return out
+
+    def whole(self, gens: list[Generation]) -> dict[str, Any]:
+        g = gens[0]
+        body = self._final(g.token_ids, {"done_reason": g.done_reason, **g.metrics})
+        thinking, content, _ = self.parser.parse_all(g.text)
+        body["response"] = content
+        if thinking:
+            body["thinking"] = thinking
+        if g.logprobs:
+            body["logprobs"] = lp_format.ollama(self.tokenizer, g.logprobs)
+        return body
+
+    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
+        out_ids: list[int] = []
+        async for p in pieces:
+            out_ids.extend(p.token_ids)
+            thinking, content, _ = self.parser.feed(p.text, p.final is not None)
+            if content or thinking or p.logprobs:  # logprobs go out even while the parser holds text back
+                obj = {"model": self.req.model, "created_at": now_rfc3339(), "response": content, "done": False}
+                if thinking:
+                    obj["thinking"] = thinking
+                if p.logprobs:
+                    obj["logprobs"] = lp_format.ollama(self.tokenizer, p.logprobs)
+                yield obj
+            if p.final is not None:
+                yield self._final(out_ids, p.final)
+
+
+class ChatReply:
+    """/api/chat: assistant `message` pieces (thinking, content and tool calls apart), then the final object."""
+
+    @staticmethod
+    def loaded(name: str, reason: str) -> dict[str, Any]:
+        """The answer to an empty message list: the model was loaded ("load") or unloaded ("unload")."""
+        return {"model": name, "created_at": now_rfc3339(), "message": {"role": "assistant", "content": ""},
+                "done": True, "done_reason": reason}
+
+    def __init__(self, req: ChatRequest, model: LoadedModel, prep: Prepared) -> None:
+        self.model = req.model
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools)
+        self.tokenizer = model.runner.tokenizer
+
+    def _chunk(self, content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if thinking:
+            msg["thinking"] = thinking
+        if tool_calls:
+            msg["tool_calls"] = tool_calls
+        return {"model": self.model, "created_at": now_rfc3339(), "message": msg, "done": False}
+
+    def whole(self, gens: list[Generation]) -> dict[str, Any]:
+        g = gens[0]
+        thinking, content, calls = self.parser.parse_all(g.text)
+        body = self._chunk(content, thinking, calls)
+        body.update(done=True, done_reason=g.done_reason, **g.metrics)
+        if g.logprobs:
+            body["logprobs"] = lp_format.ollama(self.tokenizer, g.logprobs)
+        return body
+
+    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
+        async for p in pieces:
+            final = p.final
+            thinking, content, calls = self.parser.feed(p.text, final is not None)
+            out = ([self._chunk("", thinking)] if thinking else []) + ([self._chunk(content)] if content else []) \
+                + ([self._chunk("", "", calls)] if calls else [])
+            if p.logprobs:  # on the piece's first chunk, or their own while the parser holds text back
+                out = out or [self._chunk()]
+                out[0]["logprobs"] = lp_format.ollama(self.tokenizer, p.logprobs)
+            for obj in out:
+                yield obj
+            if final is not None:
+                done = self._chunk()
+                done.update(done=True, **final)
+                yield done
+
+
+def embed_reply(req: EmbedRequest, vectors: list[Any], tokens: int, load_duration_ns: int, t0: int) -> dict[str, Any]:
+    """/api/embed: L2-normalised vectors cut to `dimensions`, with the durations and the prompt's token count."""
+    if not vectors:
+        return {"model": req.model, "embeddings": []}
+    return {"model": req.model, "embeddings": [normalise(v, req.dimensions) for v in vectors],
+            "total_duration": time.perf_counter_ns() - t0, "load_duration": load_duration_ns,
+            "prompt_eval_count": tokens}
+
+
+def embeddings_reply(req: EmbeddingsRequest, vectors: list[Any], tokens: int, load_duration_ns: int,
+                     t0: int) -> dict[str, Any]:
+    """Legacy /api/embeddings: the one vector as the model pooled it (not normalised)."""
+    if not vectors:
+        return {"embedding": []}
+    return {"embedding": [float(x) for x in vectors[0].astype("float64")]}

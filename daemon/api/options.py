@@ -1,0 +1,102 @@
+"""A request's options as typed values, a 400 for a bad one: keep_alive, num_ctx and the window, sampling
+parameters, logprobs, priority. Plain functions of the request (and of the loaded model for the window)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..config import keep_alive_seconds
+from ..engine.logprobs import MAX_TOP_LOGPROBS
+from ..engine.params import InvalidParams, SamplingParams
+from ..manager import LoadedModel
+from .errors import APIError
+from .schemas import ChatRequest, GenerateRequest
+
+
+def parse_keep_alive(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return keep_alive_seconds(value)
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+
+
+def requested_num_ctx(options: dict[str, Any] | None) -> int | None:
+    """`options.num_ctx` validated (a positive integer) or None."""
+    if not options or options.get("num_ctx") is None:
+        return None
+    v = options["num_ctx"]
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise APIError(400, f"option 'num_ctx' must be a positive integer, got {v!r}")
+    return v
+
+
+def sampling_params(options: dict[str, Any] | None, defaults: dict[str, Any] | None = None,
+                    **overrides: Any) -> SamplingParams:
+    """Ollama's precedence (built-in < model PARAMETERs < request options < explicit overrides); 400 on bad values."""
+    if options is not None and not isinstance(options, dict):
+        raise APIError(400, f"options must be an object, got {type(options).__name__}")
+    merged = dict(options or {})
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return SamplingParams.from_options(merged, defaults)
+    except InvalidParams as e:
+        raise APIError(400, str(e)) from None
+    except TypeError as e:
+        raise APIError(400, f"invalid options: {e}") from None
+
+
+def check_num_ctx(model: LoadedModel, num_ctx: int | None) -> int:
+    """The window this request gets; 400 when it asks for more than the model was trained on."""
+    if num_ctx is None:
+        return model.context_length
+    if num_ctx > model.trained_context:
+        raise APIError(400, f"num_ctx {num_ctx} exceeds the context length of model '{model.name}' "
+                            f"({model.trained_context} tokens); use num_ctx <= {model.trained_context}")
+    return min(num_ctx, model.context_length)
+
+
+def fit_to_context(prompt_ids: list[int], params: SamplingParams, ctx: int, model: LoadedModel) -> None:
+    """400 for a prompt that does not fit; caps num_predict when this request's num_ctx is below the window."""
+    n = len(prompt_ids)
+    if n >= ctx:
+        raise APIError(400, f"the prompt is {n} tokens but the context length of model '{model.name}' is {ctx} "
+                            f"tokens (it must leave room for at least one generated token); shorten the prompt "
+                            f"or raise num_ctx (up to {model.trained_context})")
+    if ctx < model.context_length:
+        room = ctx - n
+        params.num_predict = room if params.num_predict < 0 else min(params.num_predict, room)
+
+
+def ollama_logprobs(req: GenerateRequest | ChatRequest) -> int | None:
+    """Ollama's `logprobs` (bool) and `top_logprobs` (0..20 alternatives, read only when logprobs is on)."""
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}")
+    return (top or 0) if req.logprobs else None
+
+
+PRIORITY_NAMES = {"interactive": -1, "normal": 0, "background": 1}
+MAX_PRIORITY = 1000
+
+
+def request_priority(value: Any, field: str = "priority", param: str | None = None) -> int:
+    """A request's priority: an integer (vLLM's convention: lower is sooner, 0 normal) or a name; 400 otherwise."""
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.strip().lower() in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value.strip().lower()]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise APIError(400, f"{field} must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY} (lower is sooner) or "
+                            f"one of {', '.join(PRIORITY_NAMES)}; got {json.dumps(value)[:100]}", param=param)
+    return value
+
+
+def options_priority(options: Any) -> int:
+    """`options.priority` on the Ollama API."""
+    return request_priority(options.get("priority") if isinstance(options, dict) else None, "option 'priority'")

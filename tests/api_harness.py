@@ -74,28 +74,53 @@ def kv_used(daemon: Daemon, name: str) -> int:
 class StepGate:
     """Holds a loaded model's forward passes so a test sets the pace: `allow(n)` lets n steps through, `open()`
     lets all through. A stream is then still running when the test acts on it, however fast the machine is
-    (the tiny model decodes 1500 tokens in well under a second). `close()` puts the runner back."""
+    (the tiny model decodes 1500 tokens in well under a second). `parked` says the engine is held at the gate with
+    no step granted (everything its earlier steps publish is out); `step_if_parked()` grants exactly one step then,
+    so a test that looks between steps never lets the engine run ahead. `close()` puts the runner back."""
 
     def __init__(self, daemon: Daemon, name: str) -> None:
         with httpx.Client(base_url=daemon.url, timeout=120) as c:  # load it (an empty generate only loads)
             assert c.post("/api/generate", json={"model": name}).status_code == 200
         model = daemon.ctx.manager.models[name if ":" in name else name + ":latest"]
         self.runner, self._step = model.engine.runner, model.engine.runner.step
-        self._permits = threading.Semaphore(0)
+        self._cv = threading.Condition()
+        self._permits = 0
+        self._waiting = False
         self._open = False
         self.runner.step = self._gated  # the engine calls self.runner.step(batch) each iteration
 
     def _gated(self, batch: Any) -> Any:
-        if not self._open:
-            self._permits.acquire()
+        with self._cv:
+            self._waiting = True
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._open or self._permits > 0)
+            self._waiting = False
+            if not self._open:
+                self._permits -= 1
         return self._step(batch)
 
+    @property
+    def parked(self) -> bool:
+        with self._cv:
+            return self._waiting and self._permits == 0 and not self._open
+
+    def step_if_parked(self) -> bool:
+        with self._cv:
+            if not (self._waiting and self._permits == 0):
+                return False
+            self._permits = 1
+            self._cv.notify_all()
+            return True
+
     def allow(self, n: int = 1) -> None:
-        self._permits.release(n)
+        with self._cv:
+            self._permits += n
+            self._cv.notify_all()
 
     def open(self) -> None:
-        self._open = True
-        self._permits.release()  # a step already waiting goes on
+        with self._cv:
+            self._open = True
+            self._cv.notify_all()
 
     def close(self) -> None:
         self.open()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +42,24 @@ class Events:
             return next((e for e in self.seen if all(e.get(k) == v for k, v in match.items())), None)
 
     def wait_for(self, gate: StepGate | None = None, pred: Any = None, **match: Any) -> dict[str, Any]:
-        """The first event matching; with a gate, one more step is let through each time nothing matches yet."""
-        for _ in range(5000):
+        """The first event matching. With a gate, one more step is let through each time the engine is held at it
+        and nothing matches yet (never a step ahead: what the earlier steps published is all in by then)."""
+        def found() -> dict[str, Any] | None:
+            return next((e for e in self.seen if all(e.get(k) == v for k, v in match.items())
+                         and (pred is None or pred(e))), None)
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
             with self.cv:
-                got = next((e for e in self.seen if all(e.get(k) == v for k, v in match.items())
-                            and (pred is None or pred(e))), None)
-                if got is None and gate is None:
-                    if not self.cv.wait(60):
-                        break
+                if (got := found()) is not None:
+                    return got
+                if gate is None or not gate.parked:  # wait for an event, or poll for the gate to hold the engine
+                    self.cv.wait(60 if gate is None else 0.01)
                     continue
-            if got is not None:
-                return got
-            n = len(self.seen)
-            gate.allow(1)
-            with self.cv:
-                if not self.cv.wait_for(lambda: len(self.seen) > n, 60):
-                    break
+            with self.cv:  # held at the gate: all its earlier steps published
+                if (got := found()) is not None:
+                    return got
+            gate.step_if_parked()
         raise AssertionError(f"no event {match}")
 
 
@@ -93,10 +96,10 @@ def test_a_question_gets_its_first_token_before_a_document_finishes_ingesting(da
                                                 "options": {"num_predict": 4}}, replies["chat"]))
         # no step goes through until the question has reached the engine (on a loaded machine its HTTP request
         # can take longer than the document's whole prefill)
-        for _ in range(6000):
-            if engine._inbox:
-                break
-            threading.Event().wait(0.01)
+        deadline = time.monotonic() + 120
+        while not engine._inbox and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine._inbox, "the question never reached the engine"
         chat = events.wait_for(gate, type="request", event="queued",
                                pred=lambda e: e["seq_id"] not in (stream_id, doc["seq_id"]))
         events.wait_for(gate, type="request", event="first_token", seq_id=chat["seq_id"])

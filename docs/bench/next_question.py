@@ -103,7 +103,7 @@ def pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
-def scenario(url: str, a: argparse.Namespace) -> dict:
+def scenario(url: str, a: argparse.Namespace, chats_n: int | None = None, doc_base: int = 0) -> dict:
     alone = []
     for _ in range(2):
         r = Request(url, QUESTION, 8)
@@ -118,12 +118,12 @@ def scenario(url: str, a: argparse.Namespace) -> dict:
     docs, chats = [], []
     t0 = time.perf_counter()
     for i in range(a.docs):
-        docs.append(Request(url, document(i, a.doc_tokens), 8))
+        docs.append(Request(url, document(doc_base + i, a.doc_tokens), 8))
         docs[-1].start()
         if i + 1 < a.docs:
             time.sleep(1)
     time.sleep(max(0.0, t0 + 3 - time.perf_counter()))
-    for i in range(a.chats):
+    for i in range(a.chats if chats_n is None else chats_n):
         chats.append(Request(url, QUESTION if i == 0 else f"{QUESTION} ({i})", 8))
         chats[-1].start()
         time.sleep(1)
@@ -149,11 +149,17 @@ def run_server(name: str, a: argparse.Namespace) -> dict:
         with tempfile.TemporaryDirectory() as store:
             with serve_daemon({**env, "OLLAMA_MODELS": store}, "next_question_daemon.log") as url:
                 import_model(url, a.gguf)
-                return {"server": "evenflow (defaults)", "env": env, **scenario(url, a)}
+                row = {"server": "evenflow (defaults)", "env": env, **scenario(url, a)}
+                if a.baseline:  # the same documents' TTFT with no questions, on the same daemon (other texts)
+                    row["baseline_docs"] = scenario(url, a, chats_n=0, doc_base=100)["docs"]
+                return row
     nb, nub = (2048, 512) if name == "llama-server" else (64, 64)
     with llama_server(a.gguf, n_batch=nb, n_ubatch=nub, slots=5, ctx_per_slot=a.ctx, threads=2) as url:
         label = "llama-server, defaults (n_batch 2048)" if nb == 2048 else "llama-server, n_batch 64"
-        return {"server": label, **scenario(url, a)}
+        row = {"server": label, **scenario(url, a)}
+        if a.baseline:
+            row["baseline_docs"] = scenario(url, a, chats_n=0, doc_base=100)["docs"]
+        return row
 
 
 def fmt(x: float | None, unit: str = "s") -> str:
@@ -165,11 +171,14 @@ def table(rows: list[dict]) -> str:
            "median / max TTFT | documents' TTFT | streams' gap P50 / P99 during ingestion |",
            "|---|---|---|---|---|---|"]
     for r in rows:
-        c = r["chats"]
+        c = r["chats"] or [{"ttft_s": None, "total_s": None}]
         tt = [x["ttft_s"] for x in c if x["ttft_s"] is not None]
+        base = r.get("baseline_docs")
+        docs = ", ".join(f"{fmt(d['ttft_s'])} ({d['prompt_tokens'] or '?'} tok)" for d in r["docs"])
+        if base:
+            docs += " [without questions: " + ", ".join(fmt(d["ttft_s"]) for d in base) + "]"
         out.append(f"| {r['server']} | {fmt(r['chat_alone_s'])} | {fmt(c[0]['ttft_s'])} / {fmt(c[0]['total_s'])} | "
-                   f"{fmt(statistics.median(tt) if tt else None)} / {fmt(max(tt, default=None))} | "
-                   + ", ".join(f"{fmt(d['ttft_s'])} ({d['prompt_tokens'] or '?'} tok)" for d in r["docs"])
+                   f"{fmt(statistics.median(tt) if tt else None)} / {fmt(max(tt, default=None))} | {docs}"
                    + f" | {fmt(r['stream_gap_ms']['p50'], 'ms')} / {fmt(r['stream_gap_ms']['p99'], 'ms')} |")
     return "\n".join(out)
 
@@ -181,6 +190,8 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=1)
     ap.add_argument("--chats", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=8192, help="evenflow's OLLAMA_CONTEXT_LENGTH, llama-server's per slot")
+    ap.add_argument("--baseline", action="store_true",
+                    help="then the same scenario without questions on the same server: the documents' TTFT alone")
     ap.add_argument("--servers", default="evenflow,llama-server,llama-server-b64")
     ap.add_argument("--out", type=Path, default=HERE / "next_question.json")
     a = ap.parse_args()

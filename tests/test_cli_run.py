@@ -144,7 +144,8 @@ def test_one_shot_and_piped_runs(daemon: Daemon, tmp_path: Path) -> None:
     out = subprocess.run(run_cmd("demo", "hello", "--verbose"), env=env, capture_output=True, text=True,
                          timeout=600, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
-    assert "eval count:           128 token(s)" in out.stderr and "total duration:" in out.stderr
+    count = re.search(r"^eval count: +(\d+) token\(s\)$", out.stderr, re.M)
+    assert count and 0 < int(count.group(1)) <= 128 and "total duration:" in out.stderr  # 128, or an early <|im_end|>
     out = subprocess.run(run_cmd("tiny", "--verbose"), env=env, input="piped prompt", capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0 and "eval count:" in out.stderr, out.stderr

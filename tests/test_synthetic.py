@@ -15,7 +15,7 @@ import pytest
 from evenflow.backends.synthetic import (LLAMA3_ROPE_SCALING, PRESETS, build_weights, cached_model, gguf_name,
                                          llama3_rope_factors, make_model, make_spec, permute_qk, spec_hash,
                                          unpermute_qk, vocab_for)
-from evenflow.backends.synthetic.tokenizer import gguf_vocab_fields
+from evenflow.backends.synthetic.tokenizer import family_for, gguf_vocab_fields
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -223,7 +223,8 @@ def test_gguf_metadata_and_tensor_names(synthetic_model, arch):
     vocab = vocab_for(spec)
     assert _field(reader, "tokenizer.ggml.tokens") == vocab.tokens
     assert _field(reader, "tokenizer.ggml.eos_token_id") == vocab.eos_id
-    assert "message['role']" in _field(reader, "tokenizer.chat_template")
+    assert _field(reader, "tokenizer.chat_template") == family_for(arch).chat_template
+    assert ("<tool_call>" in family_for(arch).chat_template) == (arch == "qwen3")  # Qwen3's: tools and thinking
     types = _field(reader, "tokenizer.ggml.token_type")
     assert types[vocab.eos_id] == 3 and types[300] == 1
     if arch == "qwen3":

@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 # Bump when the bytes written for an unchanged spec change (weights layout, tokenizer, metadata):
 # it invalidates every cached model.
-FACTORY_VERSION = 1
+FACTORY_VERSION = 2
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -110,8 +110,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Unit tests: ~1.4 MB in f32, builds in well under a second once the tokenizer is cached.
     "tiny": dict(architecture="llama", vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rope_theta=10000.0),
-    # Demos and integration runs: small but not trivial, fast on CPU (~6M parameters).
-    "demo": dict(architecture="llama", vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+    # Demos and integration runs: small but not trivial, fast on CPU (~6M parameters). Qwen3-shaped, so its
+    # template has tools and thinking and a front-end (Open WebUI sends tools with every chat) can use it as is.
+    "demo": dict(architecture="qwen3", vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=500000.0),
     # Benchmarks: ~250M parameters, Llama-shaped; greedy decoding streams word-like tokens.
     "bench": dict(architecture="llama", vocab_size=32000, hidden_size=1024, intermediate_size=2816,

@@ -43,6 +43,55 @@ CHATML_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# Qwen3's hybrid-thinking template, written for evenflow: tools in <tools>, calls in <tool_call>, results in
+# <tool_response>; `enable_thinking=False` closes an empty <think> block; earlier turns' reasoning is dropped.
+QWEN3_TEMPLATE = (
+    "{%- set system = (messages[0].content or '') if messages and messages[0].role == 'system' else '' %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' + (system + '\\n\\n' if system else '') + '# Tools\\n\\nYou may call one or more"
+    " functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools>"
+    " XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within"
+    " <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\":"
+    " <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif system %}{{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' and not (m.content or '').startswith('<tool_response>') %}"
+    "{%- set ns.last_query = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- set content = m.content or '' %}"
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- set reasoning = m.thinking or m.reasoning_content or '' %}"
+    "{%- if not reasoning and '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1] %}"
+    "{%- set content = content.split('</think>')[-1] %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if reasoning and loop.index0 > ns.last_query %}"
+    "{{- '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{{- content.lstrip('\\n') }}"
+    "{%- for call in m.tool_calls or [] %}"
+    "{%- set f = call.function or call %}"
+    "{{- ('\\n' if content or not loop.first else '') + '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": '"
+    " + (f.arguments if f.arguments is string else f.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
 MISTRAL_TEMPLATE = (
     "{{- bos_token }}{%- set ns = namespace(system='') %}"
     "{%- for message in messages %}"
@@ -82,8 +131,9 @@ LLAMA3 = Family(("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", 
 CHATML = Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), (), False, "<|endoftext|>", "<|im_end|>",
                 "<|im_end|>", "<|endoftext|>", None, ("<|im_end|>", "<|endoftext|>"), False, "qwen2",
                 QWEN2_PATTERN, False, CHATML_TEMPLATE)
-# Qwen3 adds <think>/</think> as user-defined (non-special) tokens: always parsed, rendered in output.
-QWEN3 = dataclasses.replace(CHATML, user_defined=("<think>", "</think>"))
+# Qwen3 adds <think>/</think> as user-defined (non-special) tokens (always parsed, rendered in output) and
+# a chat template with tools and thinking.
+QWEN3 = dataclasses.replace(CHATML, user_defined=("<think>", "</think>"), chat_template=QWEN3_TEMPLATE)
 MISTRAL = Family(("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), (), True, "<s>", "</s>", None, None, "<unk>",
                  ("</s>",), True, "llama-bpe", LLAMA3_PATTERN, True, MISTRAL_TEMPLATE)
 

@@ -214,6 +214,12 @@ def main(argv: list[str] | None = None) -> None:
         from .bench_cli import main as bench_main  # noqa: PLC0415 - rich/matplotlib only when benchmarking
 
         sys.exit(bench_main(argv[1:]))
+    if argv and argv[0] == "run":  # Ollama's flag grammar: a bare --think never eats the prompt's first word
+        try:
+            argv = ["run", *run.ollama_argv(argv[1:])]
+        except CLIError as e:
+            print(str(e), file=sys.stderr)
+            sys.exit(1)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:

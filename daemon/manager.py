@@ -90,6 +90,12 @@ class LoadedModel:
         return int(self.runner.info.context_length)
 
 
+def _model_num_ctx(record: ModelRecord) -> int | None:
+    """The model's PARAMETER num_ctx (Ollama's precedence: a request's num_ctx, then this, then the default)."""
+    v = record.params.get("num_ctx")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 class Lease:
     """One request's hold on a loaded model; `release()` (or `async with`) starts the keep-alive clock."""
 
@@ -253,7 +259,7 @@ class ModelManager:
 
     async def _load(self, record: ModelRecord, num_ctx: int | None) -> LoadedModel:
         s = self.settings
-        want = num_ctx if num_ctx is not None else s.context_length
+        want = num_ctx if num_ctx is not None else _model_num_ctx(record) or s.context_length
         if record.context_length:
             want = min(want, record.context_length)
         backend = s.backend if s.backend != "auto" else auto_backend()

@@ -132,3 +132,35 @@ def test_openai_chat_with_tools_and_reasoning_on_demo(daemon: Daemon) -> None:
                                               stream=True))
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert reasons in (["length"], ["stop"], ["tool_calls"])
+
+
+def _ps(http: httpx.Client) -> dict[str, int]:
+    return {m["name"]: m["context_length"] for m in http.get("/api/ps").json()["models"]}
+
+
+def test_demo_window_fits_a_front_ends_first_prompt(http: httpx.Client) -> None:
+    """Open WebUI's built-in tools alone are ~9,000 demo tokens: demo's PARAMETER num_ctx (16384) is its window."""
+    info = http.post("/api/show", json={"model": "demo"}).json()
+    assert "num_ctx" in info["parameters"] and info["model_info"]["qwen3.context_length"] == 32768
+    system = "Use the tools when they help. " * 900  # a long system prompt, as front-ends send with their tools
+    r = http.post("/api/chat", json={"model": "demo", "messages": [{"role": "system", "content": system}, *HELLO],
+                                     "tools": OPEN_WEBUI_TOOLS, "stream": False, "options": {"num_predict": 4}})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] > 4096  # over the daemon's default window, under demo's
+    assert _ps(http)["demo:latest"] == 16384
+
+
+def test_model_parameter_num_ctx_sets_the_window(http: httpx.Client) -> None:
+    """Ollama's precedence: a request's num_ctx, else the model's PARAMETER num_ctx, else the daemon's default."""
+    r = http.post("/api/create", json={"model": "demo-6k", "from": "demo", "parameters": {"num_ctx": 6000},
+                                       "stream": False})
+    assert r.status_code == 200, r.text
+    assert http.post("/api/generate", json={"model": "demo-6k"}).status_code == 200  # loads it
+    assert _ps(http)["demo-6k:latest"] == 6000
+    r = http.post("/api/generate", json={"model": "demo-6k", "prompt": "word " * 7000, "stream": False,
+                                         "options": {"num_predict": 1}})
+    assert r.status_code == 400 and "context length of model 'demo-6k:latest' is 6000 tokens" in r.json()["error"]
+    r = http.post("/api/generate", json={"model": "demo-6k", "prompt": "hi", "stream": False,
+                                         "options": {"num_predict": 1, "num_ctx": 8192}})
+    assert r.status_code == 200 and _ps(http)["demo-6k:latest"] == 8192  # the request's num_ctx wins (a reload)
+    assert http.request("DELETE", "/api/delete", json={"model": "demo-6k"}).status_code == 200

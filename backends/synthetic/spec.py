@@ -113,7 +113,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Demos and integration runs: small but not trivial, fast on CPU (~6M parameters). Qwen3-shaped, so its
     # template has tools and thinking and a front-end (Open WebUI sends tools with every chat) can use it as is.
     "demo": dict(architecture="qwen3", vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=500000.0),
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=500000.0),
     # Benchmarks: ~250M parameters, Llama-shaped; greedy decoding streams word-like tokens.
     "bench": dict(architecture="llama", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
                   num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,

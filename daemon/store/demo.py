@@ -16,8 +16,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEMO_MARKER = ".evenflow-demo-created"  # once created (even if deleted later), a restart never recreates it
-# Random weights never emit EOS: without a cap a request would run until the context window is full.
+# Random weights seldom emit EOS: without a cap a request would run until the context window is full.
 DEMO_NUM_PREDICT = 128
+# Front-ends send long prompts from the first "hello" (Open WebUI's built-in tools are ~9,000 of the demo's tokens):
+# a window above the daemon's 4096 default, as a model PARAMETER (a request's num_ctx still wins).
+DEMO_NUM_CTX = 16384
 
 
 def create_demo_model(store: "ModelStore", name: str = "demo", preset: str = "demo", gguf_dtype: str = "q8_0") -> str:
@@ -28,7 +31,7 @@ def create_demo_model(store: "ModelStore", name: str = "demo", preset: str = "de
         path = make_model(make_spec(preset), tmp, formats=("gguf",), gguf_dtype=gguf_dtype)["gguf"]
         digest = store.add_blob_file(path)
     info = read_gguf(store.blob_path(digest))
-    params: dict = {"num_predict": DEMO_NUM_PREDICT}
+    params: dict = {"num_predict": DEMO_NUM_PREDICT, "num_ctx": DEMO_NUM_CTX}
     if info.eos_token:
         params["stop"] = [info.eos_token]
     for status in create_model(store, name, files={Path(path).name: digest}, template=info.chat_template,

@@ -89,7 +89,7 @@ class Writer:
 @dataclass
 class Session:
     model: str
-    format: str | None = None
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     think: bool | str | None = None
     hidethinking: bool = False
     wordwrap: bool = True

@@ -35,7 +35,7 @@ class DemoError(Exception):
 
 
 def document(paragraphs: int = 56) -> str:
-    """A long synthetic document (deterministic): ~3.6k tokens for the demo model, whose context is 4096."""
+    """A long synthetic document (deterministic): ~3.6k tokens for the demo model (its window: 16384)."""
     return "".join(_PARAGRAPH.format(n=i + 1) for i in range(paragraphs))
 
 

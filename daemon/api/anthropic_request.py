@@ -170,9 +170,8 @@ def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
             raise _bad(f"tools.{i}.input_schema: a tool needs an input_schema (a JSON schema object)")
         if desc is not None and not isinstance(desc, str):
             raise _bad(f"tools.{i}.description: expected a string")
-        fn: dict[str, Any] = {"name": name, "parameters": schema}
-        if desc:
-            fn["description"] = desc
+        fn: dict[str, Any] = {"name": name, "description": desc, "parameters": schema} if desc else \
+            {"name": name, "parameters": schema}  # in OpenAI's order: templates print the tools as JSON
         out.append({"type": "function", "function": fn})
     return out
 

@@ -143,6 +143,11 @@ def test_count_tokens_is_the_prompt_of_the_request(client: anthropic.Anthropic, 
     more = client.messages.count_tokens(model="tiny", messages=MSGS + [
         {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another one"}], system=system)
     assert more.input_tokens > n
+    # a system message mid-conversation (Claude Code's mid-conversation-system beta) renders as /api/chat's would
+    mid = [MSGS[0], {"role": "assistant", "content": "Blue."}, {"role": "system", "content": "Be terse."},
+           {"role": "user", "content": "Another one"}]
+    counted = client.messages.count_tokens(model="tiny", messages=mid).input_tokens
+    assert counted == _chat(daemon, model="tiny", messages=mid, options={"num_predict": 1})["prompt_eval_count"]
 
 
 def test_stop_sequences_and_max_tokens(client: anthropic.Anthropic) -> None:

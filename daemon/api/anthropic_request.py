@@ -16,7 +16,7 @@ NO_VISION = "image and document content blocks are not supported (no vision mode
 
 
 class AnthropicMessage(_Req):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: the mid-conversation-system beta (Claude Code sends it)
     content: Union[StrictStr, list[dict[str, Any]]]
 
 
@@ -75,15 +75,15 @@ def _block_type(block: Any, where: str) -> str:
     return block["type"]
 
 
-def system_text(system: str | list[dict[str, Any]] | None) -> str | None:
+def system_text(system: str | list[dict[str, Any]] | None, where: str = "system") -> str | None:
     """`system` as one string: a string, or text blocks joined by newlines (cache_control is ignored)."""
     if system is None or isinstance(system, str):
         return system or None
     parts = []
     for i, block in enumerate(system):
-        if _block_type(block, f"system.{i}") != "text":
-            raise _bad(f"system.{i}: only text blocks are allowed in system, got {block['type']!r}")
-        parts.append(_text(block, f"system.{i}"))
+        if _block_type(block, f"{where}.{i}") != "text":
+            raise _bad(f"{where}.{i}: only text blocks are allowed in system text, got {block['type']!r}")
+        parts.append(_text(block, f"{where}.{i}"))
     return "\n".join(parts) or None
 
 
@@ -110,6 +110,8 @@ def _message(m: AnthropicMessage, i: int, names: dict[str, str]) -> list[dict[st
     text); an assistant's tool_use blocks its tool_calls, its thinking block its `thinking`."""
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
+    if m.role == "system":
+        return [{"role": "system", "content": system_text(m.content, f"messages.{i}.content") or ""}]
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []

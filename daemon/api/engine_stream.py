@@ -27,6 +27,7 @@ class Generation:
     metrics: dict[str, int] = field(default_factory=dict)
     logprobs: list[Any] = field(default_factory=list)  # engine TokenLogprob per token, when asked
     offsets: list[int] = field(default_factory=list)  # character offset in `text` where each of those starts
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Piece:
     token_ids: list[int]
     logprobs: list[Any] | None
     final: dict[str, Any] | None
+    cached_tokens: int = 0  # with `final`: prompt tokens served from the prefix cache
 
 
 async def _watch_disconnect(request: Request, on_gone) -> None:
@@ -145,7 +147,8 @@ class EngineChunks:
                 m = d.metrics.as_ollama() if d.metrics is not None else {}
                 m["load_duration"] = self.lease.load_duration_ns
                 m["total_duration"] = time.perf_counter_ns() - self.t_start
-                yield Piece(i, d.text, list(d.token_ids), d.logprobs, {"done_reason": d.done_reason or "stop", **m})
+                yield Piece(i, d.text, list(d.token_ids), d.logprobs, {"done_reason": d.done_reason or "stop", **m},
+                            d.metrics.cached_tokens if d.metrics is not None else 0)
         finally:
             watcher.cancel()
             self._abort_rest()  # consumer gone (disconnect, error): free the slots and KV
@@ -168,6 +171,7 @@ async def collect_all(chunks: EngineChunks) -> list[Generation]:
             if p.final is not None:
                 g.done_reason = p.final.pop("done_reason")
                 g.metrics = p.final
+                g.cached_tokens = p.cached_tokens
     finally:
         chunks.close()
     for g, ps in zip(gens, parts):

@@ -1,4 +1,5 @@
-"""HTTP errors in Ollama's shape `{"error": "..."}` (and OpenAI's under /v1), plus strict body parsing."""
+"""HTTP errors in Ollama's shape `{"error": "..."}` (OpenAI's under /v1, Anthropic's under /v1/messages), plus strict
+body parsing."""
 from __future__ import annotations
 
 import json
@@ -56,15 +57,37 @@ def openai_error_type(status: int) -> str:
     return "api_error"
 
 
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+                   529: "overloaded_error"}
+
+
+def is_anthropic(path: str) -> bool:
+    """The Messages API (/v1/messages, /v1/messages/count_tokens): Anthropic's error shape and headers."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's `{"type": "error", "error": {type, message}}` (also the body of a stream's `error` event)."""
+    kind = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    """Ollama's `{"error": msg}`, or OpenAI's `{"error": {message, type, param, code}}` under /v1."""
+    """Ollama's `{"error": msg}`, OpenAI's `{"error": {message, type, param, code}}` under /v1, Anthropic's under
+    /v1/messages."""
+    if is_anthropic(path):
+        return anthropic_error(status, message)
     if path.startswith("/v1/") or path == "/v1":
         return {"error": {"message": message, "type": openai_error_type(status), "param": param, "code": None}}
     return {"error": message}
 
 
 def error_response(request: Request, status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(request.url.path, status, message, param), status_code=status)
+    path = request.url.path
+    if status == 503 and is_anthropic(path):
+        status = 529  # Anthropic's "overloaded": what its clients expect (and retry) for a busy server
+    return JSONResponse(error_body(path, status, message, param), status_code=status)
 
 
 def install_handlers(app: FastAPI) -> None:

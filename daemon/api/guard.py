@@ -9,6 +9,8 @@ import re
 import socket
 from typing import Any, Awaitable, Callable
 
+from .errors import anthropic_error, is_anthropic
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
@@ -18,12 +20,14 @@ ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
 ALLOW_HEADERS = ("Authorization, Content-Type, User-Agent, Accept, X-Requested-With, OpenAI-Beta, "
                  "x-stainless-arch, x-stainless-async, x-stainless-custom-poll-interval, x-stainless-helper-method, "
                  "x-stainless-lang, x-stainless-os, x-stainless-package-version, x-stainless-poll-helper, "
-                 "x-stainless-retry-count, x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout")
+                 "x-stainless-retry-count, x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout, "
+                 "x-api-key, anthropic-version, anthropic-beta, anthropic-dangerous-direct-browser-access")
 _EXTENSION_SCHEMES = ("chrome-extension://", "safari-extension://", "moz-extension://", "ms-browser-extension://")
 KNOWN_ENDPOINTS = {
     "/", "/api/version", "/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/tags", "/api/show",
     "/api/create", "/api/copy", "/api/delete", "/api/pull", "/api/push", "/api/ps", "/api/events", "/metrics",
-    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings",
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/messages",
+    "/v1/messages/count_tokens",
 }
 
 
@@ -78,10 +82,14 @@ def _local_host_ok(host: str) -> bool:
 
 
 def _auth_failure(path: str, authorization: str | None, count: int = 1) -> bytes:
-    """The 401 body: Ollama's `{"error"}`, OpenAI's shape (code invalid_api_key) under /v1."""
-    msg = ("unauthorized: this server requires an API key (send `Authorization: Bearer <key>`)" if not authorization
+    """The 401 body: Ollama's `{"error"}`, OpenAI's shape (code invalid_api_key) under /v1, Anthropic's under
+    /v1/messages (where `x-api-key` carries the key too)."""
+    how = "`x-api-key: <key>` or `Authorization: Bearer <key>`" if is_anthropic(path) else "`Authorization: Bearer <key>`"
+    msg = (f"unauthorized: this server requires an API key (send {how})" if not authorization
            else "unauthorized: more than one Authorization header (send exactly one)" if count > 1
            else "unauthorized: invalid API key")
+    if is_anthropic(path):
+        return json.dumps(anthropic_error(401, msg)).encode()
     if path == "/v1" or path.startswith("/v1/"):
         return json.dumps({"error": {"message": msg, "type": "invalid_request_error", "param": None,
                                      "code": "invalid_api_key"}}).encode()
@@ -102,10 +110,23 @@ def key_matches(authorization: str | None, key: bytes) -> bool:
     return hmac.compare_digest(m.group(1).encode("utf-8", "surrogateescape"), key)
 
 
-def authorization_header(raw_headers: list[tuple[bytes, bytes]]) -> tuple[str | None, int]:
-    """(the Authorization value, how many Authorization fields the request has)."""
-    values = [v.decode("latin-1") for k, v in raw_headers if k.lower() == b"authorization"]
+def authorization_header(raw_headers: list[tuple[bytes, bytes]],
+                         name: bytes = b"authorization") -> tuple[str | None, int]:
+    """(the Authorization value, how many Authorization fields the request has); `name` another header."""
+    values = [v.decode("latin-1") for k, v in raw_headers if k.lower() == name]
     return (values[0] if values else None), len(values)
+
+
+def _anthropic_key(raw_headers: list[tuple[bytes, bytes]], key: bytes) -> tuple[str | None, int, bool]:
+    """Anthropic's clients send the key as `x-api-key`, or as `Authorization: Bearer` (an auth token): each one
+    sent must be there once and hold the key. (the value given, the most fields of one name, whether it matches)"""
+    authorization, count = authorization_header(raw_headers)
+    api_key, api_count = authorization_header(raw_headers, b"x-api-key")
+    ok = (count + api_count > 0 and count <= 1 and api_count <= 1
+          and (count == 0 or key_matches(authorization, key))
+          and (api_count == 0 or hmac.compare_digest((api_key or "").strip(" \t").encode("utf-8", "surrogateescape"),
+                                                     key)))
+    return authorization or api_key, max(count, api_count), ok
 
 
 class GuardMiddleware:
@@ -170,8 +191,12 @@ class GuardMiddleware:
         # Two Authorization fields are refused, whatever they hold: which one counts would be a guess (RFC 9110:
         # a field that is not a list must appear once), and a proxy and the server could guess differently.
         if self.key is not None and not (path == "/" and method in ("GET", "HEAD")):
-            authorization, count = authorization_header(scope.get("headers", []))
-            if count != 1 or not key_matches(authorization, self.key):
+            if is_anthropic(path):
+                authorization, count, ok = _anthropic_key(scope.get("headers", []), self.key)
+            else:
+                authorization, count = authorization_header(scope.get("headers", []))
+                ok = count == 1 and key_matches(authorization, self.key)
+            if not ok:
                 await reply(401, _auth_failure(path, authorization, count),
                             cors_headers + [(b"www-authenticate", b'Bearer realm="evenflow"')])
                 return

@@ -60,6 +60,26 @@ def grammar_for_format(fmt: Any) -> str | None:
     return grammar
 
 
+def grammar_for_tool_call(schema: dict[str, Any], prefix: str = "", suffix: str = "") -> str:
+    """A JSON value of `schema` between two literal texts: a forced tool call in its template's markers
+    (`<tool_call>\n` ... `\n</tool_call>`). The schema is read as `format` schemas are."""
+    schema = ollama_semantics(schema)
+    try:
+        check_finite(schema)
+    except SchemaError as e:
+        raise GrammarError(f"invalid tool input_schema: {e}") from None
+    body = json.dumps({**schema, "x-guidance": _JSON_OPTIONS})
+    parts = " ".join(p for p in (json.dumps(prefix) if prefix else "", "call", json.dumps(suffix) if suffix else "") if p)
+    try:
+        grammar = llg.grammar_from("lark", f"start: {parts}\ncall: %json {body}\n")
+    except (ValueError, TypeError) as e:
+        raise GrammarError(f"invalid tool input_schema: {e}") from None
+    problem = llg.LLMatcher.validate_grammar(grammar)
+    if problem and not problem.startswith("WARNING"):
+        raise GrammarError(f"invalid tool input_schema: {problem.strip()}")
+    return grammar
+
+
 class GrammarCompiler:
     """One model's vocabulary in llguidance, built on first use (a second for a large vocab) and kept."""
 

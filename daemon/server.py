@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from . import memory
 from .api import events as events_api
-from .api import ollama, openai
+from .api import ollama, openai, responses
 from .api.access_log import AccessLogMiddleware
 from .api.errors import install_handlers
 from .api.events import EventHub
@@ -119,6 +119,7 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
     app.add_middleware(LimitsMiddleware, max_body=settings.max_body_mb * 2**20)  # inside the guard: it counts these
     app.include_router(ollama.router)
     app.include_router(openai.router)
+    app.include_router(responses.router)
     app.include_router(events_api.router)
     app.add_middleware(GuardMiddleware, origins=settings.origins, loopback=settings.host.is_loopback,
                        is_closing=lambda: ctx.closing, on_response=metrics.observe_response,

@@ -23,7 +23,7 @@ _EXTENSION_SCHEMES = ("chrome-extension://", "safari-extension://", "moz-extensi
 KNOWN_ENDPOINTS = {
     "/", "/api/version", "/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/tags", "/api/show",
     "/api/create", "/api/copy", "/api/delete", "/api/pull", "/api/push", "/api/ps", "/api/events", "/metrics",
-    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings",
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/responses",
 }
 
 

@@ -235,7 +235,7 @@ def translate(req: ResponsesRequest) -> ResponsesCall:
     choice = tool_choice(req.tool_choice, [t["function"]["name"] for t in fns or []])
     body = {"model": req.model, "messages": messages(req), "stream": bool(req.stream),
             "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-            "seed": req.seed, "tools": None if choice == "none" else fns, "tool_choice": choice,
+            "seed": req.seed, "ignore_eos": req.ignore_eos, "tools": None if choice == "none" else fns, "tool_choice": choice,
             "reasoning_effort": effort(req), "response_format": response_format(req)}
     try:
         chat = ChatCompletionRequest.model_validate(body)

@@ -225,6 +225,7 @@ class ResponsesRequest(_Req):
     temperature: Optional[Number] = None
     top_p: Optional[Number] = None
     seed: Optional[StrictInt] = None  # not OpenAI's: as /v1/chat/completions' seed
+    ignore_eos: Optional[StrictBool] = None  # not OpenAI's: as /v1/chat/completions' (vLLM's extension)
     stream: Optional[StrictBool] = False
     store: Optional[StrictBool] = None
     previous_response_id: Optional[StrictStr] = None

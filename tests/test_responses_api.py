@@ -261,6 +261,12 @@ def test_function_call_output_items(client: openai.OpenAI, daemon: Daemon) -> No
         final = stream.get_final_response()
     [item] = final.output
     assert item.type == "function_call" and json.loads(item.arguments) == args
+    # a function in a `namespace` tool (Codex groups some this way) is offered like the others; its call names it
+    grouped = client.responses.create(model="llama3", input="weather in Paris?", text=fmt, temperature=0,
+                                      max_output_tokens=100, tools=[{"type": "namespace", "name": "geo",
+                                                                     "description": "places", "tools": tools}])
+    assert grouped.output[0].namespace == "geo" and json.loads(grouped.output[0].arguments) == args
+    assert grouped.usage.input_tokens == r.usage.input_tokens
 
 
 def test_reasoning_effort_maps_to_thinking(client: openai.OpenAI, daemon: Daemon) -> None:

@@ -170,26 +170,38 @@ def messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
-    """Function tools in the chat shape; any other tool type (web_search, file_search, ...) runs on OpenAI's
-    servers and is a 400 here."""
-    if not req.tools:
-        return None
-    out = []
-    for i, t in enumerate(req.tools):
-        kind = t.get("type")
-        if kind != "function":
+def function_tools(req: ResponsesRequest) -> list[tuple[dict[str, Any], str | None]]:
+    """The request's function tools with their namespace (a `namespace` tool groups function tools); any other
+    tool type (web_search, file_search, ...) runs on OpenAI's servers and is a 400 here."""
+    out: list[tuple[dict[str, Any], str | None]] = []
+    for i, t in enumerate(req.tools or []):
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "namespace" and isinstance(t.get("tools"), list):
+            for j, inner in enumerate(t["tools"]):
+                if not isinstance(inner, dict) or inner.get("type") != "function":
+                    raise _bad(f"tools[{i}].tools[{j}]: only function tools are supported in a namespace", "tools")
+                out.append((inner, t.get("name")))
+        elif kind == "function":
+            out.append((t, None))
+        else:
             raise _bad(f"tools[{i}]: tool type {kind!r} is not supported: only function tools (built-in tools run "
                        f"on OpenAI's servers)", "tools")
+    return out
+
+
+def tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
+    """Function tools in the chat shape."""
+    out = []
+    for t, _ in function_tools(req):
         if not isinstance(t.get("name"), str) or not t["name"]:
-            raise _bad(f"tools[{i}]: a function tool needs a non-empty string 'name'", "tools")
+            raise _bad("a function tool needs a non-empty string 'name'", "tools")
         if t.get("parameters") is not None and not isinstance(t["parameters"], dict):
-            raise _bad(f"tools[{i}]: 'parameters' must be a JSON schema object", "tools")
+            raise _bad(f"tool {t['name']!r}: 'parameters' must be a JSON schema object", "tools")
         if t.get("description") is not None and not isinstance(t["description"], str):
-            raise _bad(f"tools[{i}]: 'description' must be a string", "tools")
+            raise _bad(f"tool {t['name']!r}: 'description' must be a string", "tools")
         fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
-    return out
+    return out or None
 
 
 def tool_choice(choice: Any, names: list[str]) -> Any:

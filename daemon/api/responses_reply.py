@@ -36,6 +36,9 @@ def new_id(prefix: str) -> str:
 
 
 def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
+    if tool.get("type") == "namespace":
+        return {"type": "namespace", "name": tool.get("name"), "description": tool.get("description") or "",
+                "tools": [_tool_echo(t) for t in tool.get("tools") or []]}
     return {"type": "function", "name": tool.get("name"), "description": tool.get("description"),
             "parameters": tool.get("parameters"), "strict": tool.get("strict")}
 
@@ -74,6 +77,8 @@ class ResponseBuilder:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the reasoning or message item being streamed (last in items)
         self.thinking = ""  # all reasoning text so far (for usage's reasoning_tokens)
+        self.namespaces = {t.get("name"): ns.get("name") for ns in body.tools or [] if ns.get("type") == "namespace"
+                           for t in ns.get("tools") or []}  # a grouped function's calls name its namespace
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.seq, **fields}
@@ -143,6 +148,8 @@ class ResponseBuilder:
         events = self._close()
         item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": new_id("call"),
                 "name": name, "arguments": ""}
+        if self.namespaces.get(name):
+            item["namespace"] = self.namespaces[name]
         self.items.append(item)
         index = len(self.items) - 1
         events += [self._event("response.output_item.added", output_index=index, item=dict(item)),

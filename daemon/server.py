@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from . import memory
 from .api import events as events_api
-from .api import anthropic, ollama, openai
+from .api import anthropic, ollama, openai, responses
 from .api.access_log import AccessLogMiddleware
 from .api.errors import install_handlers
 from .api.events import EventHub
@@ -120,6 +120,7 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
     app.include_router(ollama.router)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
     app.include_router(events_api.router)
     app.add_middleware(GuardMiddleware, origins=settings.origins, loopback=settings.host.is_loopback,
                        is_closing=lambda: ctx.closing, on_response=metrics.observe_response,

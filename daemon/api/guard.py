@@ -27,7 +27,7 @@ KNOWN_ENDPOINTS = {
     "/", "/api/version", "/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/tags", "/api/show",
     "/api/create", "/api/copy", "/api/delete", "/api/pull", "/api/push", "/api/ps", "/api/events", "/metrics",
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/messages",
-    "/v1/messages/count_tokens",
+    "/v1/messages/count_tokens", "/v1/responses",
 }
 
 

@@ -1,7 +1,8 @@
 """Serving a remote model: each endpoint's request goes to the upstream engine, never through our engine.
 
 /api/chat -> /v1/chat/completions, /api/generate -> /v1/completions (raw, suffix) or chat (templated),
-/api/embed -> /v1/embeddings, /v1/* passed through with the model name rewritten. Upstream SSE is relayed
+/api/embed -> /v1/embeddings, /v1/responses -> /v1/chat/completions (its events made here), /v1/* passed through
+with the model name rewritten. Upstream SSE is relayed
 chunk by chunk; whichever way a response ends, the upstream response is closed, so a client that leaves
 stops the upstream generation too.
 """
@@ -21,6 +22,7 @@ from ..errors import APIError
 from ..ollama_reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
 from ..options import parse_keep_alive
 from ..plan import embed_inputs
+from ..responses_reply import RESPONSES_SSE, ResponseBuilder, usage
 from ..wire import NDJSON, SSE, now_rfc3339, streamed
 from .convert import Reader, chat_messages, response_format, sampling, thinking
 from .hub import RemoteModel, RemoteRun, hub_of
@@ -28,6 +30,8 @@ from .hub import RemoteModel, RemoteRun, hub_of
 
 async def serve(request: Request, rm: RemoteModel, endpoint: str, req: Any, t0: int) -> Response:
     """`endpoint`'s request for the remote model `rm`, answered by its upstream engine."""
+    if endpoint == "/v1/responses":
+        return await responses(request, rm, req, t0)
     if endpoint.startswith("/v1/"):
         return await v1(request, rm, endpoint[len("/v1"):])
     if endpoint == "/api/chat":
@@ -313,3 +317,56 @@ async def _v1_json(request: Request, rm: RemoteModel, path: str, body: dict[str,
 
 async def _noop() -> None:
     return None
+
+
+async def responses(request: Request, rm: RemoteModel, call: Any, t0: int) -> Response:
+    """/v1/responses: the chat request it was translated to goes upstream (/v1/chat/completions, streamed); its
+    chunks come back as the Responses events (or the response object) that local models answer with."""
+    chat = call.chat
+    body: dict[str, Any] = {"model": rm.endpoint.model, "stream": True, "stream_options": {"include_usage": True},
+                            **sampling(None, rm.params)}
+    messages = [m.model_dump(exclude_none=True, exclude={"reasoning"}) for m in chat.messages]
+    if rm.system and not any(m["role"] in ("system", "developer") for m in messages):
+        messages.insert(0, {"role": "system", "content": rm.system})
+    body["messages"] = messages
+    asked = {"max_tokens": chat.max_completion_tokens, "temperature": chat.temperature, "top_p": chat.top_p,
+             "seed": chat.seed, "tools": chat.tools, "tool_choice": chat.tool_choice,
+             "reasoning_effort": chat.reasoning_effort, "response_format": chat.response_format}
+    body.update({k: v for k, v in asked.items() if v is not None})
+    run = RemoteRun(request, rm, "/v1/responses", json.dumps(messages, ensure_ascii=False))
+    reader = Reader(t0)
+    up = await _open(request, rm, run, "/chat/completions", body, reader)
+    builder = ResponseBuilder(call.body)
+
+    def end() -> list[dict[str, Any]]:
+        details = reader.usage.get("completion_tokens_details")
+        thought = details.get("reasoning_tokens") if isinstance(details, dict) else 0
+        return builder.feed("", "", reader.tool_calls()) + builder.finish(
+            reader.done_reason, usage(reader.prompt_tokens, reader.output_tokens, int(thought or 0)))
+
+    if not chat.stream:
+        async def whole() -> dict[str, Any]:
+            async for content, think in _pieces(request, rm, run, up, reader):
+                builder.feed(think, content, [])
+            return end()[-1]["response"]
+
+        try:
+            return JSONResponse(await _unless_gone(request, whole(), up.aclose))
+        finally:
+            await up.aclose()
+            run.finish("abort")
+
+    async def events() -> AsyncIterator[dict[str, Any]]:
+        for event in builder.start():
+            yield event
+        try:
+            async for content, think in _pieces(request, rm, run, up, reader):
+                for event in builder.feed(think, content, []):
+                    yield event
+            for event in end():
+                yield event
+        except APIError as e:
+            for event in builder.fail(e.message):
+                yield event
+
+    return streamed(RESPONSES_SSE, events(), _closer(up, run))

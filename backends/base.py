@@ -213,6 +213,21 @@ class Runner(abc.ABC):
     def reset_prefix_cache(self) -> None:
         """A new Engine is built on this runner: forget what a previous engine had cached."""
 
+    # ---- saving and restoring cached prefixes (the disk KV cache, daemon/engine/kv_disk.py) ----
+    def kv_signature(self) -> dict[str, Any] | None:
+        """Everything besides the weights that decides the bytes `export_prefix` gives (None: no export)."""
+        return None
+
+    def export_prefix(self, blocks: list[int]) -> bytes | None:
+        """The KV of a cached prefix (positions 0 .. len(blocks) * block_size) as bytes `import_prefix` takes back;
+        None when this runner cannot give it now."""
+        return None
+
+    def import_prefix(self, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
+        """Put the first len(blocks) blocks of a prefix exported as `stored_blocks` blocks into `blocks` (which no
+        sequence holds). Afterwards they are cached blocks like any other. False: nothing was restored."""
+        return False
+
 
 class ModelLoadError(Exception):
     """A model file is missing, corrupt or unsupported; the message names the file and the reason."""

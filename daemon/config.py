@@ -197,6 +197,18 @@ def _api_key(text: str) -> str:
     return check_key(text.strip(), "")
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `10GiB`, `500 MB`, `1.5gb` or a plain integer."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError("a number of bytes, optionally with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
 def _ip_list(text: str) -> list[str]:
     out = [a.strip() for a in text.split(",") if a.strip()]
     for a in out:
@@ -269,6 +281,12 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "llama.cpp KV cache type: a quantized type applies to K always and to V only with flash attention "
                 "on (llama.cpp's rule); auto = a q8_0 K on a CPU (attention deep into a long prompt reads half "
                 "the bytes), f16 on a GPU; the torch and MLX backends keep their own"),
+    SettingSpec("kv_cache_dir", ("EVENFLOW_KV_CACHE_DIR",), _path, "a directory path",
+                "where cached prompt prefixes' KV is saved when a model unloads, to be read back after an unload or "
+                "a restart (default <user cache dir>/evenflow/kv)"),
+    SettingSpec("kv_cache_size", ("EVENFLOW_KV_CACHE_SIZE",), parse_size, "a size such as 10GiB or 500MB; 0 = off",
+                "disk budget of the saved KV prefixes, least recently used evicted first (default 10GiB; 0 turns "
+                "the disk KV cache off)"),
     SettingSpec("log_content", ("EVENFLOW_LOG_CONTENT",), _parse_bool, "1/0 or true/false",
                 "include prompts and outputs in /api/events", is_flag=True),
     SettingSpec("ollama_store", ("EVENFLOW_OLLAMA_STORE",), _path, "a directory path",
@@ -305,6 +323,12 @@ def _default_models_dir() -> Path:
     return Path(platformdirs.user_data_dir("evenflow")) / "models"
 
 
+def _default_kv_cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("evenflow")) / "kv"
+
+
 def _default_ollama_store() -> Path | None:
     p = Path("~/.ollama/models").expanduser()
     return p if p.is_dir() else None
@@ -331,6 +355,8 @@ class Settings:
     llamacpp_kv: str = "auto"
     flash_attention: str = "auto"
     kv_cache_type: str = "auto"
+    kv_cache_dir: Path = field(default_factory=_default_kv_cache_dir)
+    kv_cache_size: int = 10 * 2**30
     log_content: bool = False
     ollama_store: Path | None = field(default_factory=_default_ollama_store)
     no_demo: bool = False

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
 from .config import FOREVER, Settings
 from .engine.engine import Engine, EngineConfig
+from .engine.kv_disk import DiskKVCache
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,9 @@ class ModelManager:
         self._pending = 0  # requests waiting for a model (queue depth before the engine)
         self._closing = False
         self._listeners: list[Callable[[dict], None]] = []  # engine event subscribers, attached at load
+        # cached prefixes outlive an unload or a restart (engine/kv_disk.py); None when the budget is 0
+        self.kv_disk = DiskKVCache(settings.kv_cache_dir, settings.kv_cache_size) if settings.kv_cache_size > 0 \
+            else None
 
     # ---- public ----
     @property
@@ -203,6 +207,8 @@ class ModelManager:
                 pass
         for model in list(self.models.values()):
             await self._drop(model)
+        if self.kv_disk is not None:  # the prefixes the engines just handed over go to disk before we exit
+            await asyncio.to_thread(self.kv_disk.close, 60)
 
     # ---- internals ----
     async def _get_loaded(self, record: ModelRecord, num_ctx: int | None) -> LoadedModel:
@@ -290,7 +296,8 @@ class ModelManager:
         cfg = EngineConfig(prefill_mode=s.prefill, max_num_batched_tokens=step_cap,
                            max_num_seqs=self.slots, target_itl_ms=s.target_itl_ms, max_queue=s.max_queue,
                            context_length=ctx)
-        engine = Engine(runner, cfg, name=record.name)
+        engine = Engine(runner, cfg, name=record.name, kv_disk=self.kv_disk, model_id=model_identity(record.path))
+        await asyncio.to_thread(engine.warm_disk_cache)
         engine.start()
         model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, _memory_size(record, runner),
                             backend)
@@ -349,6 +356,20 @@ def _close(model: LoadedModel) -> None:
             model.runner.close()
         except Exception:  # noqa: BLE001 - freeing must not fail the caller
             log.exception("closing the runner of %s failed", model.name)
+
+
+def model_identity(path: str) -> str:
+    """What names the weights in the disk KV cache's key: a store blob's digest, else the files' names, sizes and
+    modification times."""
+    base = os.path.basename(path.rstrip("/\\"))
+    if base.startswith("sha256-"):
+        return base
+    try:
+        files = [os.path.join(path, f) for f in sorted(os.listdir(path))] if os.path.isdir(path) else [path]
+        return ";".join(f"{os.path.realpath(f)}:{st.st_size}:{st.st_mtime_ns}" for f in files
+                        if os.path.isfile(f) and (st := os.stat(f)))
+    except OSError:
+        return os.path.realpath(path)
 
 
 _BLOB_PATH = re.compile(r"(?:[^\s'\"]*[/\\])?blobs[/\\]sha256-([0-9a-fA-F]{64})")

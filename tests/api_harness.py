@@ -38,7 +38,7 @@ class Daemon:
 def start_daemon(tmp: Path, **overrides: Any) -> Daemon:
     """Start on 127.0.0.1:<free port> with a store under `tmp`; `overrides` are Settings fields (strings parsed)."""
     values = {"host": "127.0.0.1:0", "models": str(tmp / "models"), "no_demo": True, "ollama_store": None,
-              "keep_alive": "5m", **overrides}
+              "keep_alive": "5m", "kv_cache_dir": str(tmp / "kv-cache"), **overrides}
     settings: Settings = load_settings({}, {k: v for k, v in values.items() if k != "ollama_store"})
     settings.ollama_store = values["ollama_store"]
     sock = bind_socket(settings)
@@ -162,7 +162,8 @@ def serve_daemon(tmp: Path, *args: str, **env: str) -> ServedDaemon:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     full_env = {**os.environ, "EVENFLOW_HOST": f"127.0.0.1:{port}", "EVENFLOW_NO_DEMO": "1",
-                "EVENFLOW_MODELS": str(tmp / "models"), "EVENFLOW_OLLAMA_STORE": str(tmp / "no-ollama"), **env}
+                "EVENFLOW_MODELS": str(tmp / "models"), "EVENFLOW_OLLAMA_STORE": str(tmp / "no-ollama"),
+                "EVENFLOW_KV_CACHE_DIR": str(tmp / "kv-cache"), **env}
     log_path = tmp / "daemon.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "evenflow.clients.cli", "serve", *args], env=full_env,

@@ -18,6 +18,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get("EVENFLOW_SYNTHETIC_CACHE"):
         _CREATED_CACHE = tempfile.mkdtemp(prefix="evenflow-synthetic-")
         os.environ["EVENFLOW_SYNTHETIC_CACHE"] = _CREATED_CACHE
+    # Daemons started by tests save KV prefixes under the session's temporary folder, never the user's cache.
+    if not os.environ.get("EVENFLOW_KV_CACHE_DIR"):
+        os.environ["EVENFLOW_KV_CACHE_DIR"] = os.path.join(_CREATED_CACHE or tempfile.gettempdir(), "kv-cache")
     # A developer's own API key file (`evenflow key new`) must not turn auth on in every test daemon.
     if not os.environ.get("EVENFLOW_API_KEY_FILE"):
         os.environ["EVENFLOW_API_KEY_FILE"] = os.path.join(tempfile.gettempdir(), f"evenflow-no-key-{os.getpid()}")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from typing import Any
+
 from ..base import Batch
 
 
@@ -43,3 +45,25 @@ def check_step(batch: Batch, block_size: int, num_blocks: int, vocab_size: int) 
     if batch.num_tokens:
         check_batch(batch, num_blocks)
         check_ids(batch.token_ids, vocab_size)
+
+
+class PagedPrefixIO:
+    """The disk KV cache's hooks for a runner whose KV is the engine's block pool (torch, MLX): a prefix is its
+    blocks' bytes, every layer (the pool's `export` / `load`)."""
+
+    backend: str
+    block_size: int
+    kv: Any  # a PagedKVCache with export(blocks) and load(blocks, data, stored); None once closed
+    dtype: Any
+    args: Any
+
+    def kv_signature(self) -> dict[str, Any] | None:
+        a = self.args
+        return {"backend": self.backend, "block_size": self.block_size, "dtype": str(self.dtype),
+                "layers": a.num_hidden_layers, "kv_heads": a.num_key_value_heads, "head_dim": a.head_dim}
+
+    def export_prefix(self, blocks: list[int]) -> bytes | None:
+        return None if self.kv is None or not blocks else self.kv.export(blocks)
+
+    def import_prefix(self, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
+        return self.kv is not None and bool(blocks) and self.kv.load(blocks, data, stored_blocks)

@@ -150,6 +150,31 @@ class PrefixCells(BlockCells):
                 return i
         return len(blocks)
 
+    def holder(self, blocks: list[int]) -> int | None:
+        """A sequence whose cells hold exactly these blocks from position 0, to export them."""
+        n = len(blocks)
+        return min((s for s in self._where.get(blocks[-1], ()) if self._tables[s][:n] == blocks), default=None) \
+            if blocks else None
+
+    def restore_target(self) -> int | None:
+        """A holder id for a prefix read back from disk (the least recently used holder gives way)."""
+        if not self._spare:
+            if not self._holders:
+                return None
+            self._drop_holder(next(iter(self._holders)))
+        return self._spare.pop()
+
+    def adopt(self, holder: int, blocks: list[int]) -> None:
+        """`holder`'s cells now hold `blocks` from position 0."""
+        self._tables[holder] = []
+        for j, b in enumerate(blocks):
+            self._add(holder, j, b)
+        self._holders[holder] = None
+
+    def release(self, holder: int) -> None:
+        """A restore into `holder` failed: it holds nothing."""
+        self._release_holder(holder)
+
     def _live(self, seq: int) -> bool:
         return seq < self.num_slots
 

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 
+import llama_cpp
 import numpy as np
 import llama_cpp.llama_cpp as L
 
@@ -250,7 +251,7 @@ class LlamaCppRunner(Runner):
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.no_perf = True
         cp.type_k, cp.type_v = (_GGML_TYPES[t][0] for t in self.kv_types)
-        cp.flash_attn_type = self._flash_attn_type(settings.flash_attention)
+        cp.flash_attn_type = self._flash_attn = self._flash_attn_type(settings.flash_attention)
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:
             raise ModelLoadError(
@@ -377,6 +378,39 @@ class LlamaCppRunner(Runner):
     def reset_prefix_cache(self) -> None:
         if self._ctx is not None:
             self._cells.reset()
+
+    def kv_signature(self) -> dict:
+        return {"backend": self.backend, "block_size": self.block_size, "kv_types": list(self.kv_types),
+                "kv_layout": self.kv_layout, "flash_attn": self._flash_attn, "llama_cpp": llama_cpp.__version__}
+
+    def export_prefix(self, blocks: list[int]) -> bytes | None:
+        """llama.cpp's state of the sequence whose cells hold the prefix (cells past it go at import)."""
+        seq = self._cells.holder(blocks) if self._ctx is not None and blocks else None
+        if seq is None:
+            return None
+        size = L.llama_state_seq_get_size(self._ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        got = L.llama_state_seq_get_data(self._ctx, buf, size, seq)
+        return ctypes.string_at(buf, got) if got else None
+
+    def import_prefix(self, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
+        """Into a free stream (or holder id), trimmed to the prefix; parked there as a finished sequence's cells."""
+        seq = self._cells.restore_target() if self._ctx is not None and blocks else None
+        if seq is None:
+            return False
+        L.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        n = len(blocks) * self.block_size
+        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        if L.llama_state_seq_set_data(self._ctx, src, len(data), seq):
+            L.llama_memory_seq_rm(self._mem, seq, n, -1)
+            if L.llama_memory_seq_pos_min(self._mem, seq) == 0 and L.llama_memory_seq_pos_max(self._mem, seq) == n - 1:
+                self._cells.adopt(seq, blocks)
+                return True
+        log.warning("llama.cpp did not take a saved prefix of %d tokens back%s", n,
+                    ": " + e if (e := take_recent_errors()) else "")
+        L.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._cells.release(seq)
+        return False
 
     def cached_tokens(self, slot: int) -> int:
         """How many positions of the sequence in `slot` llama.cpp holds in its KV cache (0 when none runs there)."""

@@ -92,6 +92,30 @@ class StreamCells(BlockCells):
             best = max(best, n)
         return best
 
+    def holder(self, blocks: list[int]) -> int | None:
+        """A stream whose cells hold exactly these blocks from position 0 (a parked one first), to export them."""
+        found = self._holders(blocks)
+        return next((s for s in found if s in self._parked), found[0] if found else None)
+
+    def restore_target(self) -> int | None:
+        """An empty stream no slot runs in, for a prefix read back from disk (None: every stream is running)."""
+        if len(self._slot) >= self.num_streams:
+            return None
+        return self._spare_stream(set())
+
+    def adopt(self, stream: int, blocks: list[int]) -> None:
+        """`stream`'s cells now hold `blocks` from position 0: parked, the most recently used."""
+        self._tables[stream] = []
+        for j, b in enumerate(blocks):
+            self._add(stream, j, b)
+        self._parked[stream] = None
+        self._parked.move_to_end(stream)
+
+    def release(self, stream: int) -> None:
+        """A restore into `stream` failed: it holds nothing."""
+        self._parked.pop(stream, None)
+        self._tables.pop(stream, None)
+
     def _holders(self, blocks: list[int]) -> list[int]:
         """Streams whose cells hold exactly these blocks at positions 0..len-1."""
         if not blocks:

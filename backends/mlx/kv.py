@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import mlx.core as mx
+import numpy as np
 
 from ..common.memory import host_kv_budget
 
@@ -38,6 +39,31 @@ class PagedKVCache:
     def arrays(self) -> list[mx.array]:
         """Every cache array, to evaluate together with the step's logits."""
         return self.k + self.v
+
+    def _slots(self, blocks: list[int]) -> mx.array:
+        bs = self.block_size
+        return mx.array((np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).ravel())
+
+    def export(self, blocks: list[int]) -> bytes:
+        """K and V of `blocks`, every layer, as raw bytes laid out [2 x layers, blocks, block bytes]."""
+        slots = self._slots(blocks)
+        parts = mx.stack([t[slots] for kv in zip(self.k, self.v) for t in kv]).view(mx.uint8)
+        return np.array(parts).tobytes()
+
+    def load(self, blocks: list[int], data: bytes, stored: int) -> bool:
+        """The first len(blocks) blocks of an `export` of `stored` blocks into `blocks`; False if it does not fit."""
+        tail = self.k[0].shape[1:]
+        per_block = self.block_size * tail[0] * tail[1] * self.k[0].dtype.size
+        if len(data) != 2 * len(self.k) * stored * per_block or len(blocks) > stored:
+            return False
+        raw = np.frombuffer(data, dtype=np.uint8).reshape(2 * len(self.k), stored, per_block)[:, : len(blocks)]
+        t = mx.array(np.ascontiguousarray(raw)).view(self.k[0].dtype).reshape(-1, len(blocks) * self.block_size, *tail)
+        slots = self._slots(blocks)
+        for layer in range(len(self.k)):
+            self.k[layer][slots] = t[2 * layer]
+            self.v[layer][slots] = t[2 * layer + 1]
+        mx.eval(self.k, self.v)
+        return True
 
     def close(self) -> None:
         self.k.clear()

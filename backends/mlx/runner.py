@@ -15,7 +15,7 @@ import numpy as np
 
 from ..base import Batch, ModelInfo, Runner, RunnerSettings
 from ..common import build_model_info
-from ..common.paging import check_ids, check_step
+from ..common.paging import PagedPrefixIO, check_ids, check_step
 from .attention import build_step_attention, dense_causal
 from ..common.memory import plan_kv
 from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
@@ -50,7 +50,7 @@ def resolve_dtype(name: str, device: mx.Device) -> mx.Dtype:
     return _DTYPES[name]
 
 
-class MlxRunner(Runner):
+class MlxRunner(PagedPrefixIO, Runner):
     """A loaded model on MLX. Its KV lives in the engine's blocks, so Runner's prefix-cache
     defaults fit as they are."""
 

@@ -9,7 +9,7 @@ import torch
 
 from ..base import Batch, InsufficientMemory, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common import build_model_info, open_model
-from ..common.paging import check_ids, check_step
+from ..common.paging import PagedPrefixIO, check_ids, check_step
 from .attention import build_step_attention, dense_causal
 from ..common.memory import plan_kv
 from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
@@ -46,7 +46,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-class TorchRunner(Runner):
+class TorchRunner(PagedPrefixIO, Runner):
     """A loaded model on torch. Its KV lives in the engine's blocks, so Runner's prefix-cache
     defaults fit as they are."""
 

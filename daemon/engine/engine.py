@@ -21,8 +21,10 @@ from .budget import AdaptiveBudget, StepCost
 from .config import EngineConfig, EngineError, EngineStats, EngineStopped, PromptTooLong, QueueFull  # noqa: F401
 from .config import make_budget_policy
 from .detokenizer import IncrementalDetokenizer
+from .disk_prefixes import DiskPrefixes, prompt_keys
 from .grammar import Constraint, GrammarCompiler, mask_rows
 from .kv import BlockManager, blocks_for
+from .kv_disk import DiskKVCache
 from .logprobs import MAX_TOP_LOGPROBS, TokenLogprob, log_softmax, token_logprob
 from .params import SamplingParams
 from .sampling import RequestRng, penalty_window, sample_batch
@@ -50,7 +52,10 @@ def penalty_history(seq: Sequence) -> list[int]:
 
 
 class Engine:
-    def __init__(self, runner: Runner, config: EngineConfig | None = None, name: str = "") -> None:
+    def __init__(self, runner: Runner, config: EngineConfig | None = None, name: str = "", *,
+                 kv_disk: DiskKVCache | None = None, model_id: str = "") -> None:
+        """`kv_disk`: save cached prefixes there when stopping and read them back for new prompts; `model_id` names
+        the weights (their digest) in the disk cache's key."""
         self.runner = runner
         self.config = config or EngineConfig()
         self.name = name
@@ -64,6 +69,12 @@ class Engine:
         runner.reset_prefix_cache()  # a new engine knows nothing the runner may still hold
         self.cache_hit_tokens = 0
         self.cache_query_tokens = 0
+        sig = runner.kv_signature() if kv_disk is not None and caching and kv_disk.budget > 0 else None
+        self.disk = DiskPrefixes(kv_disk, {**sig, "model": model_id or runner.info.architecture}, self.block_size,
+                                 name) if kv_disk is not None and sig is not None else None
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
+        self._deferred: set[int] = set()  # seq ids whose "add" waits for a disk read
+        self._deferred_aborts: set[int] = set()
         self.policy = make_budget_policy(self.config, runner)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk,
@@ -138,8 +149,31 @@ class Engine:
             seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
             c = constraint if i == 0 or constraint is None else constraint.fork()
             group.append((seq, c))
-        self._post("add", (group, logprobs))
+        hit = None
+        if self.disk is not None:
+            keys = prompt_keys(prompt_ids, self.block_size)
+            for seq, _ in group:
+                seq.block_keys = list(keys)  # the memo BlockManager would compute
+            hit = self.disk.candidate(keys, self.blocks)
+        if hit is None:
+            self._post("add", (group, logprobs))
+        else:  # read the saved prefix off this thread and the engine's, then queue the request behind it
+            with self._cv:
+                self._deferred.update(seq.seq_id for seq, _ in group)
+            if self._reader is None:
+                self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kv-read-{self.name}")
+            self._reader.submit(self._read_then_add, hit, group, logprobs)
         return [seq.stream for seq, _ in group]  # type: ignore[misc]
+
+    def _read_then_add(self, hit: Any, group: list, logprobs: int | None) -> None:
+        try:
+            restore = self.disk.read(*hit)  # type: ignore[union-attr]
+            if restore is not None:
+                self._post("restore", restore)
+        except Exception:  # noqa: BLE001 - the request goes on without the saved prefix
+            log.exception("reading a saved prefix failed")
+        finally:
+            self._post("add", (group, logprobs))
 
     def abort(self, seq_id: int) -> None:
         self._post("abort", seq_id)
@@ -177,13 +211,15 @@ class Engine:
         if self._thread is not None:
             raise RuntimeError("run_once() drives an engine whose loop thread is not started")
         with self._cv:
+            while self._deferred and not self._inbox and not self.scheduler.has_work:
+                self._cv.wait()  # a request's saved prefix is being read from disk
             items = list(self._inbox)
             self._inbox.clear()
         for kind, payload in items:
             self._handle(kind, payload)
         if self.scheduler.has_work:
             self._step()
-        return self.scheduler.has_work or bool(self._inbox)
+        return self.scheduler.has_work or bool(self._inbox) or bool(self._deferred)
 
     @property
     def idle(self) -> bool:
@@ -191,8 +227,16 @@ class Engine:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping = True
+        if self._reader is not None:
+            self._reader.shutdown(wait=True, cancel_futures=False)  # its "add"s land in the inbox, aborted below
         if self._thread is None:
+            with self._cv:
+                items = [(k, p) for k, p in self._inbox if k == "add"]
+                self._inbox.clear()
+            for kind, payload in items:
+                self._handle(kind, payload)
             self._abort_all("abort", None)
+            self._persist()
             return
         self._post("stop", None)
         if self._thread is not None:
@@ -219,6 +263,7 @@ class Engine:
             for kind, payload in items:
                 if kind == "stop":
                     self._abort_all("abort", None)
+                    self._persist()
                     self._stats = self._snapshot()
                     return
                 self._handle(kind, payload)
@@ -234,6 +279,10 @@ class Engine:
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":
             group, logprobs = payload
+            with self._cv:
+                aborted = {seq.seq_id for seq, _ in group} & self._deferred_aborts
+                self._deferred.difference_update(seq.seq_id for seq, _ in group)
+                self._deferred_aborts -= aborted
             for i, (seq, constraint) in enumerate(group):
                 self._seqs[seq.seq_id] = seq
                 self._states[seq.seq_id] = _SeqState(seq, constraint, logprobs)
@@ -243,10 +292,21 @@ class Engine:
             if len(group) > 1 and self.blocks.prefix_caching:
                 # the rest wait until the first has computed the prompt, then reuse its cached blocks
                 self._held[group[0][0].seq_id] = [seq for seq, _ in group[1:]]
+            for seq, _ in group:
+                if seq.seq_id in aborted:  # the client left while its prefix was being read
+                    self._finish(seq, "abort")
         elif kind == "abort":
             seq = self._seqs.get(payload)
             if seq is not None:
                 self._finish(seq, "abort")
+            else:
+                with self._cv:
+                    if payload in self._deferred:
+                        self._deferred_aborts.add(payload)
+        elif kind == "restore":
+            event = self.disk.restore(payload, self.blocks, self.runner)  # type: ignore[union-attr]
+            if event is not None:
+                self._publish_disk(event)
         elif kind == "embed":
             ids, fut = payload
             if fut.set_running_or_notify_cancel():
@@ -374,6 +434,8 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         if seq.is_finished:
             return
+        if self.disk is not None and seq.num_registered:
+            self.disk.record(seq.block_keys[: seq.num_registered])
         self.scheduler.finish(seq)
         if self._held:
             self._release_held(seq)
@@ -397,7 +459,31 @@ class Engine:
         for seq in list(self._seqs.values()):
             self._finish(seq, reason, error)
 
+    def _persist(self) -> None:
+        """Stopping: hand the disk cache the prefixes worth keeping (it writes them in the background)."""
+        if self.disk is None:
+            return
+        try:
+            event = self.disk.persist(self.blocks, self.runner)
+        except Exception:  # noqa: BLE001 - stopping must not fail
+            log.exception("saving cached prefixes failed")
+            return
+        if event["entries"]:
+            log.info("%s: saving %d cached prefixes (%.1f MiB) to the disk KV cache", self.name, event["entries"],
+                     event["bytes"] / 2**20)
+            self._publish_disk(event)
+
+    def warm_disk_cache(self) -> None:
+        """Before serving (off the event loop): wait for writes still queued and index this model's saved prefixes."""
+        if self.disk is not None:
+            self.disk.disk.flush(60)
+            self.disk.disk.has(self.disk.ns, b"")
+
     # ---- events ----
+    def _publish_disk(self, event: dict) -> None:
+        if self._subscribers:
+            self._emit({"type": "kv_disk", "time": time.time(), "model": self.name, **event})
+
     def _emit(self, event: dict) -> None:
         for fn in self._subscribers:
             try:

@@ -218,6 +218,38 @@ class BlockManager:
             n += 1
         return n
 
+    # ---- prefixes restored from outside the pool (the disk KV cache, kv_disk.py) ----
+    def hit_blocks(self, keys: list[bytes]) -> int:
+        """How many leading blocks of a key chain the cache holds now."""
+        n = 0
+        while n < len(keys) and keys[n] in self._cached:
+            n += 1
+        return n
+
+    def cached_block(self, key: bytes) -> int | None:
+        return self._cached.get(key)
+
+    def take_free(self, n: int) -> list[int] | None:
+        """`n` blocks nobody holds (cached ones evicted, least recently used first) for a prefix being restored;
+        they belong to no one until `adopt` or `give_back`. None when fewer are free."""
+        if n > self.num_free:
+            return None
+        return [self._take() for _ in range(n)]
+
+    def adopt(self, blocks: list[int], keys: list[bytes]) -> None:
+        """Blocks now holding a restored prefix join the cache as cached blocks nobody holds (the chain's keys
+        move to them, as when a twin computed concurrently extends past an older copy)."""
+        for key, b in zip(keys, blocks):
+            self._repoint(key, b)
+        for b in reversed(blocks):  # as `free` does: the tail is evicted first
+            self._lru[b] = None
+
+    def give_back(self, blocks: list[int]) -> None:
+        """Undo `take_free` for a restore that did not happen."""
+        for b in blocks:
+            self._free.append(b)
+            self.forgotten.append(b)
+
     def take_forgotten(self) -> list[int]:
         out, self.forgotten = self.forgotten, []
         return out

@@ -60,7 +60,8 @@ def cmd_list(args: argparse.Namespace) -> None:
 
 def cmd_ps(args: argparse.Namespace) -> None:
     with daemon_client() as c:
-        models = check(c.get("/api/ps")).json()["models"]
+        body = check(c.get("/api/ps")).json()
+    models = body["models"]
     rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
     for m in models:
         vram, size = m.get("size_vram", 0), m.get("size", 0)
@@ -72,6 +73,9 @@ def cmd_ps(args: argparse.Namespace) -> None:
         until = "Forever" if far else _ago(m["expires_at"])
         rows.append([m["name"], m["digest"][:12], _size(size), proc, str(m.get("context_length", "")), until])
     print(_table(rows))
+    disk = body.get("kv_cache")
+    if disk and disk.get("entries"):
+        print(f"\nKV disk cache: {_size(disk['size'])} in {disk['entries']} saved prefixes ({disk['path']})")
 
 
 def cmd_show(args: argparse.Namespace) -> None:

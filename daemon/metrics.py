@@ -48,6 +48,16 @@ class Metrics:
                                        "could no longer serve, recomputed instead", ["model"], registry=r)
         self.cache_hit_rate = Gauge("evenflow_prefix_cache_hit_rate", "Prefix cache hit tokens / query tokens "
                                     "since the model loaded", ["model"], registry=r)
+        self.disk_restored_tokens = Counter("evenflow_kv_disk_restored_tokens", "Prompt tokens whose KV was read back "
+                                            "from the disk KV cache", ["model"], registry=r)
+        self.disk_restored_bytes = Counter("evenflow_kv_disk_restored_bytes", "Bytes read back from the disk KV cache",
+                                           ["model"], registry=r)
+        self.disk_restore_failures = Counter("evenflow_kv_disk_restore_failures", "Saved prefixes read from disk that "
+                                             "the backend could not take back (recomputed)", ["model"], registry=r)
+        self.disk_saved_bytes = Counter("evenflow_kv_disk_saved_bytes", "Bytes of KV handed to the disk cache when a "
+                                        "model unloaded", ["model"], registry=r)
+        self.disk_bytes = Gauge("evenflow_kv_disk_bytes", "Size of the disk KV cache", registry=r)
+        self.disk_entries = Gauge("evenflow_kv_disk_entries", "Prefixes saved in the disk KV cache", registry=r)
         self.loaded = Gauge("evenflow_models_loaded", "Models loaded", registry=r)
         self.pending = Gauge("evenflow_pending_requests", "Requests waiting for a model to load", registry=r)
         self.loads = Counter("evenflow_model_loads", "Model loads", ["model", "backend"], registry=r)
@@ -76,6 +86,16 @@ class Metrics:
             self.kv_cached.labels(model).set(int(ev.get("kv_cached", 0)))
             self._set_gauges(model, ev.get("running", 0), ev.get("waiting", 0), ev.get("kv_used", 0),
                              ev.get("kv_total", 0))
+            return
+        if ev.get("type") == "kv_disk":
+            kind = ev.get("event")
+            if kind == "restored":
+                self.disk_restored_tokens.labels(model).inc(int(ev.get("tokens", 0)))
+                self.disk_restored_bytes.labels(model).inc(int(ev.get("bytes", 0)))
+            elif kind == "restore_failed":
+                self.disk_restore_failures.labels(model).inc()
+            elif kind == "saving":
+                self.disk_saved_bytes.labels(model).inc(int(ev.get("bytes", 0)))
             return
         if ev.get("type") == "model" and ev.get("event") == "loaded":
             self.loads.labels(model, str(ev.get("backend", ""))).inc()
@@ -116,8 +136,12 @@ class Metrics:
         self.kv_usage.labels(model).set(used / total if total else 0.0)
         self._models_seen.add(model)
 
-    def refresh(self, engines: Iterable[tuple[str, Any]], pending: int) -> None:
-        """Scrape time: gauges from each loaded engine's stats; unloaded models' gauges removed."""
+    def refresh(self, engines: Iterable[tuple[str, Any]], pending: int, disk: dict[str, Any] | None = None) -> None:
+        """Scrape time: gauges from each loaded engine's stats (and the disk KV cache's usage); unloaded models'
+        gauges removed."""
+        if disk is not None:
+            self.disk_bytes.set(disk["size"])
+            self.disk_entries.set(disk["entries"])
         live = set()
         for name, engine in engines:
             s = engine.stats()

@@ -140,6 +140,9 @@ class Resources(Static):
         out.append(f"queue {t['waiting']}  running {t['running']}\n")
         if state.dropped_total:
             out.append(f"feed dropped {state.dropped_total} events\n", style="bold red")
+        if state.metrics.get("evenflow_kv_disk_entries"):  # prefixes saved on disk, for after an unload
+            out.append(f"disk KV {fmt_size(int(state.metrics.get('evenflow_kv_disk_bytes', 0)))} "
+                       f"({int(state.metrics['evenflow_kv_disk_entries'])} prefixes)\n")
         out.append("\nmodels\n", style="bold")
         if not state.models:
             out.append("  none loaded\n", style="dim")

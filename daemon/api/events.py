@@ -174,5 +174,7 @@ async def events(request: Request) -> StreamingResponse:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     ctx = request.app.state.ctx
-    ctx.metrics.refresh([(m.name, m.engine) for m in ctx.manager.loaded()], ctx.manager.pending)
+    disk = ctx.manager.kv_disk
+    usage = await asyncio.to_thread(disk.usage) if disk is not None else None
+    ctx.metrics.refresh([(m.name, m.engine) for m in ctx.manager.loaded()], ctx.manager.pending, usage)
     return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

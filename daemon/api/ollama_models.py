@@ -127,7 +127,10 @@ async def ps(request: Request) -> JSONResponse:
                     "details": details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size if gpu else 0,
                     "context_length": m.context_length})
     out += await remote.ps_rows(request)
-    return JSONResponse({"models": out})
+    body: dict[str, Any] = {"models": out}
+    if ctx.manager.kv_disk is not None:  # evenflow's own: the disk KV cache (Ollama's clients ignore the key)
+        body["kv_cache"] = await asyncio.to_thread(ctx.manager.kv_disk.usage)
+    return JSONResponse(body)
 
 
 async def _progress_response(steps: Iterator[dict[str, Any]], stream: bool | None, what: str) -> Response:

@@ -87,7 +87,8 @@ class DiskPrefixes:
         self.restored_tokens += tokens
         self.restored_bytes += nbytes
         self.disk.count_restored(tokens, nbytes)
-        return {"event": "restored", "tokens": tokens, "bytes": nbytes, "ms": (time.perf_counter() - t0) * 1e3}
+        return {"event": "restored", "tokens": tokens, "bytes": nbytes, "read_ms": r.read_s * 1e3,
+                "ms": (time.perf_counter() - t0) * 1e3}
 
     def record(self, block_keys: list[bytes]) -> None:
         """A sequence finished holding these cached blocks (its chain's keys): a prefix worth saving later."""
@@ -114,7 +115,11 @@ class DiskPrefixes:
                     break
                 table.append(b)
             n = len(table)
-            if n < self.min_blocks or keys[n - 1] in saved or self.disk.has(self.ns, keys[n - 1]):
+            # what a saved prefix (this time or earlier) already holds is not written again: a chain is saved when it
+            # adds at least the minimum beyond it (the same document asked twice is one file, not two)
+            covered = next((i + 1 for i in range(n - 1, -1, -1) if keys[i] in saved or self.disk.has(self.ns, keys[i])),
+                           0)
+            if n - covered < self.min_blocks:
                 continue
             if n_bytes >= self.disk.budget:
                 break

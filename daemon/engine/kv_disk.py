@@ -58,6 +58,7 @@ class Restore:
     num_blocks: int
     payload: bytes
     meta: dict[str, Any]
+    read_s: float = 0.0  # reading and checking the file
 
 
 class DiskKVCache:
@@ -93,6 +94,7 @@ class DiskKVCache:
 
     def read(self, ns: str, entry: Entry, num_blocks: int) -> Restore | None:
         """The entry's payload, checked; None (and the file removed) when it is damaged or gone."""
+        t0 = time.perf_counter()
         try:
             with open(entry.path, "rb") as f:
                 meta, keys = _read_header(f, ns)
@@ -110,7 +112,7 @@ class DiskKVCache:
             os.utime(entry.path)  # least recently used goes first
         except OSError:
             pass
-        return Restore(keys, min(num_blocks, len(keys)), payload, meta)
+        return Restore(keys, min(num_blocks, len(keys)), payload, meta, time.perf_counter() - t0)
 
     def count_restored(self, tokens: int, nbytes: int) -> None:
         with self._lock:

@@ -75,7 +75,8 @@ def cmd_ps(args: argparse.Namespace) -> None:
     print(_table(rows))
     disk = body.get("kv_cache")
     if disk and disk.get("entries"):
-        print(f"\nKV disk cache: {_size(disk['size'])} in {disk['entries']} saved prefixes ({disk['path']})")
+        n = disk["entries"]
+        print(f"\nKV disk cache: {_size(disk['size'])} in {n} saved prefix{'es' if n != 1 else ''} ({disk['path']})")
 
 
 def cmd_show(args: argparse.Namespace) -> None:

@@ -230,6 +230,9 @@ def test_a_document_survives_unload_and_restart(tmp_path, synthetic_model):
         assert again["prompt_eval_count"] == first["prompt_eval_count"]
         restored = metric(d.url, "evenflow_kv_disk_restored_tokens_total")
         assert restored >= 256
+        ps_cli = subprocess.run([sys.executable, "-m", "evenflow.clients.cli", "ps"], capture_output=True, text=True,
+                                env={**os.environ, "OLLAMA_HOST": d.url}, timeout=120)
+        assert "KV disk cache:" in ps_cli.stdout and "in 1 saved prefix (" in ps_cli.stdout, ps_cli.stdout + ps_cli.stderr
     finally:
         d.stop()
     d = start_daemon(tmp_path, backend="llamacpp")  # the same store and cache folder: a restart

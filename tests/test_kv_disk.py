@@ -242,3 +242,17 @@ def test_a_document_survives_unload_and_restart(tmp_path, synthetic_model):
         assert metric(d.url, "evenflow_kv_disk_entries") >= 1
     finally:
         d.stop()
+
+
+def test_the_settings_take_sizes_and_zero_turns_the_cache_off(tmp_path):
+    from evenflow.daemon.config import ConfigError, load_settings
+    from evenflow.daemon.manager import ModelManager
+
+    assert load_settings({}).kv_cache_size == 10 * 2**30
+    assert load_settings({"EVENFLOW_KV_CACHE_SIZE": "1.5GiB"}).kv_cache_size == int(1.5 * 2**30)
+    assert load_settings({"EVENFLOW_KV_CACHE_SIZE": "500 MB"}).kv_cache_size == 500 * 10**6
+    assert load_settings({"EVENFLOW_KV_CACHE_SIZE": "4096"}).kv_cache_size == 4096
+    with pytest.raises(ConfigError, match="EVENFLOW_KV_CACHE_SIZE"):
+        load_settings({"EVENFLOW_KV_CACHE_SIZE": "lots"})
+    s = load_settings({"EVENFLOW_KV_CACHE_SIZE": "0", "EVENFLOW_KV_CACHE_DIR": str(tmp_path)})
+    assert s.kv_cache_dir == tmp_path and ModelManager(s, lambda name: None).kv_disk is None

@@ -195,6 +195,41 @@ def test_restored_prefixes_give_the_cold_greedy_tokens(runner, tmp_path_factory,
     assert other.disk.restored_tokens == 0  # another model's namespace
 
 
+def test_a_request_aborted_while_its_prefix_is_read_ends_and_frees_everything(runner, tmp_path):
+    import threading
+
+    class SlowDisk(DiskKVCache):
+        gate = threading.Event()
+        reading = threading.Event()
+
+        def read(self, *args):
+            self.reading.set()
+            assert self.gate.wait(60)
+            return super().read(*args)
+
+    disk = SlowDisk(tmp_path, 1 << 30, min_tokens=32)
+    doc = [random.Random(5).randrange(10, 200) for _ in range(120)]
+    first = Engine(runner, EngineConfig(max_num_batched_tokens=48), kv_disk=disk, model_id="m")
+    run(first, [doc])
+    first.shutdown()
+    assert disk.flush(30)
+    eng = Engine(runner, EngineConfig(max_num_batched_tokens=48), kv_disk=disk, model_id="m")
+    eng.start()
+    try:
+        stream = eng.submit(doc + [11, 12], SamplingParams(temperature=0, num_predict=50), loop=None)
+        assert disk.reading.wait(60)
+        eng.abort(stream.seq_id)  # the client left before the request reached the scheduler
+        disk.gate.set()
+        deltas = list(stream)
+        assert deltas[-1].done and deltas[-1].done_reason == "abort"
+        while not eng.idle:
+            time.sleep(0.01)
+        assert eng.stats().running == eng.stats().waiting == 0
+    finally:
+        eng.shutdown()
+    assert eng.blocks.num_free == eng.blocks.num_blocks
+
+
 # ---- the daemon: after keep_alive 0, and after a restart ----
 
 def test_a_document_survives_unload_and_restart(tmp_path, synthetic_model):

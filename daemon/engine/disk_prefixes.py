@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from ...backends.base import Runner
+from ...backends.common.memory import available_host_bytes
 from .kv import BlockManager, block_key
 from .kv_disk import DiskKVCache, Entry, Restore, namespace_of
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 MAX_CHAINS = 64  # finished chains remembered for saving
 MIN_GAIN_BLOCKS = 2  # read from disk only when it holds at least this many blocks more than memory
+EXPORT_RAM_SHARE = 0.25  # exports wait in memory for the writer: at most this share of the RAM available at unload
 
 
 def prompt_keys(prompt_ids: list[int], block_size: int) -> list[bytes]:
@@ -107,6 +109,7 @@ class DiskPrefixes:
         t0 = time.perf_counter()
         saved: set[bytes] = set()
         n_entries = n_bytes = 0
+        cap = min(self.disk.budget, int(available_host_bytes() * EXPORT_RAM_SHARE))
         for keys in reversed(self._chains.values()):
             table: list[int] = []
             for k in keys:
@@ -121,7 +124,9 @@ class DiskPrefixes:
                            0)
             if n - covered < self.min_blocks:
                 continue
-            if n_bytes >= self.disk.budget:
+            if n_bytes >= cap:
+                log.info("%s: the disk KV cache takes no more prefixes at this unload (%.1f MiB queued)", self.name,
+                         n_bytes / 2**20)
                 break
             try:
                 data = runner.export_prefix(table)

@@ -69,9 +69,11 @@ class Engine:
         runner.reset_prefix_cache()  # a new engine knows nothing the runner may still hold
         self.cache_hit_tokens = 0
         self.cache_query_tokens = 0
+        if kv_disk is not None and not model_id:
+            raise ValueError("a disk KV cache needs the model's identity (model_id) to key its files")
         sig = runner.kv_signature() if kv_disk is not None and caching and kv_disk.budget > 0 else None
-        self.disk = DiskPrefixes(kv_disk, {**sig, "model": model_id or runner.info.architecture}, self.block_size,
-                                 name) if kv_disk is not None and sig is not None else None
+        self.disk = DiskPrefixes(kv_disk, {**sig, "model": model_id}, self.block_size, name) \
+            if kv_disk is not None and sig is not None else None
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._deferred: set[int] = set()  # seq ids whose "add" waits for a disk read
         self._deferred_aborts: set[int] = set()
@@ -241,6 +243,9 @@ class Engine:
         self._post("stop", None)
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():  # a long step or a large export: the runner must not be freed under it
+                log.warning("engine %s still busy after %.0f s of shutdown; waiting for it", self.name, timeout)
+                self._thread.join()
             self._thread = None
 
     # ---- engine thread ----

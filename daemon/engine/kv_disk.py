@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import struct
 import threading
 import time
@@ -34,6 +35,7 @@ MAGIC = b"EVENFLOW-KV\n"
 FORMAT = 1
 KEY_BYTES = 16  # kv.block_key digests
 _HEAD = struct.Struct("<I")  # header length
+DISK_RESERVE = 1 << 30  # never fill the disk: keep this much free after a write
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 
 
@@ -166,6 +168,9 @@ class DiskKVCache:
             return
         d = self.root / ns
         d.mkdir(parents=True, exist_ok=True)
+        if shutil.disk_usage(d).free < len(payload) + DISK_RESERVE:
+            log.warning("KV cache: not saving %.1f MiB to %s: the disk is nearly full", len(payload) / 2**20, d)
+            return
         sig = d / "signature.json"
         if not sig.exists() and "signature" in meta:
             _atomic_write(sig, json.dumps(meta["signature"], indent=1, default=str).encode())
@@ -282,7 +287,10 @@ class DiskKVCache:
         """Finish queued writes (bounded), then stop the writer."""
         if not self.flush(timeout):
             log.warning("KV cache: %d writes still queued at shutdown are dropped", self._pending)
-        self._queue.put(None)
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            self._queue.put(None)
 
 
 def f_size(meta: dict[str, Any], keys: list[bytes]) -> int:

@@ -342,8 +342,6 @@ def _atomic_write(path: Path, parts: bytes | list[bytes]) -> None:
 
 def _unlink(path: Path) -> None:
     try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
+        path.unlink(missing_ok=True)
     except OSError:
         log.warning("KV cache: could not remove %s", path, exc_info=True)

@@ -199,3 +199,23 @@ def test_streams_keep_decoding_while_an_image_is_encoded(client, daemon):
     finally:
         release.set()
         vision._rows = original
+
+
+def test_anthropic_image_block(daemon):
+    import anthropic
+
+    c = anthropic.Anthropic(base_url=daemon.url, api_key="x")
+    r = c.messages.create(model="vis", max_tokens=4, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png(seed=12))}},
+        {"type": "text", "text": "what is it?"}]}])
+    assert r.usage.input_tokens > IMAGE_TOKENS and r.usage.output_tokens == 4
+
+
+def test_responses_input_image(daemon):
+    import openai
+
+    c = openai.OpenAI(base_url=daemon.url + "/v1", api_key="x")
+    r = c.responses.create(model="vis", max_output_tokens=4, input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "what is it?"},
+        {"type": "input_image", "image_url": "data:image/png;base64," + b64(png(seed=13))}]}])
+    assert r.usage.input_tokens > IMAGE_TOKENS

@@ -26,6 +26,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..base import ImageInputError, ModelLoadError, MultimodalPrompt, EmbedSpan, VisionEncoder
+from . import native
 from .native import take_recent_errors
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ class LlamaCppVision(VisionEncoder):
     def __init__(self, model, n_embd: int, projector_path: str, n_threads: int) -> None:
         self.M = M = mtmd_module()
         self.n_embd = n_embd
+        if native._log_callback is not None:  # clip's and the helper's logs as llama.cpp's: DEBUG, errors quoted
+            M.mtmd_log_set(native._log_callback, ctypes.c_void_p(0))
+            M.mtmd_helper_log_set(native._log_callback, ctypes.c_void_p(0))
         params = M.mtmd_context_params_default()
         params.n_threads = n_threads
         params.print_timings = False

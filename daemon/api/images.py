@@ -132,9 +132,14 @@ def build_prompt(model: Any, text: str, images: list[bytes], add_special: bool) 
 
     marked = _TAG.sub(sub, text.replace(vision.marker, " "))  # a marker typed by the user is not an image
     try:
-        return vision.build_prompt(marked, used, add_special)
+        mm = vision.build_prompt(marked, used, add_special)
     except ImageInputError as e:
         raise APIError(400, str(e)) from None
+    cap = model.engine.scheduler.config.max_step_tokens
+    if cap and any(not e.causal and len(e.rows) > cap for e in mm.embeds):  # such an image runs in one step
+        raise APIError(400, f"an image of this model takes more than {cap} positions, the most one step holds; "
+                            "raise EVENFLOW_MAX_BATCHED_TOKENS")
+    return mm
 
 
 def check_vision(model: Any, name: str) -> None:

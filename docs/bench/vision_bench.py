@@ -4,7 +4,7 @@
     python docs/bench/vision_bench.py --streams 4 --images 3
 
 A default daemon (`evenflow serve`, EVENFLOW_BACKEND=llamacpp, nothing else set) in a temp store; the synthetic
-`demo` text model (qwen3, hidden 256, f32) with a synthetic LLaVA-style `mlp` projector (224 px, 14 px patches:
+`demo` text model (qwen3, hidden 256, Q8_0) with a synthetic LLaVA-style `mlp` projector (224 px, 14 px patches:
 256 image rows, a 6-block ViT of width 256), random weights, created from both GGUFs.
 1. alone: an /api/chat question with a fresh image (TTFT, each of --images different images: encode + prefill),
    then the same image again (its rows from the encoder's cache, its KV from the prefix cache).
@@ -35,7 +35,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from perf_suite import serve_daemon  # noqa: E402
+from perf_suite import StepRecorder, serve_daemon  # noqa: E402
 
 MODEL = "vis-bench"
 
@@ -55,7 +55,7 @@ def model_files() -> list[Path]:
     from evenflow.backends.synthetic import cached_model, make_spec
     from evenflow.backends.synthetic.projector import cached_projector
 
-    text = cached_model(make_spec("demo"), formats=("gguf",), gguf_dtype="f32")["gguf"]
+    text = cached_model(make_spec("demo"), formats=("gguf",), gguf_dtype="q8_0")["gguf"]
     proj = cached_projector(256, image_size=224, patch_size=14, hidden_size=256, intermediate_size=512, layers=6,
                             heads=4, projection_hidden=512)
     return [text, proj]
@@ -72,11 +72,12 @@ def create(url: str) -> None:
         c.post("/api/create", json={"model": MODEL, "files": files, "stream": False}).raise_for_status()
 
 
-def ask_image(url: str, image: bytes, n: int = 4) -> dict:
-    """A streamed /api/chat image question: TTFT, total, prompt_eval_count."""
-    body = {"model": MODEL, "stream": True, "options": {"num_predict": n, "temperature": 0},
-            "messages": [{"role": "user", "content": "What is in this picture?",
-                          "images": [base64.b64encode(image).decode()]}]}
+def ask_image(url: str, image: bytes | None, n: int = 4, text: str = "What is in this picture?") -> dict:
+    """A streamed /api/chat question (with the image, if any): TTFT, total, prompt_eval_count."""
+    msg = {"role": "user", "content": text}
+    if image is not None:
+        msg["images"] = [base64.b64encode(image).decode()]
+    body = {"model": MODEL, "stream": True, "options": {"num_predict": n, "temperature": 0}, "messages": [msg]}
     t0, first, last = time.perf_counter(), None, {}
     with httpx.Client(timeout=600, trust_env=False) as c, c.stream("POST", url + "/api/chat", json=body) as r:
         r.raise_for_status()
@@ -138,6 +139,7 @@ def main() -> None:
         cached = ask_image(url, png(0))
         result["alone"] = alone
         result["cached"] = cached
+        recorder = StepRecorder(url)
         stop = threading.Event()
         streams = [Stream(url, i, stop) for i in range(args.streams)]
         for s in streams:
@@ -149,14 +151,29 @@ def main() -> None:
         t_sent = time.perf_counter()
         q = ask_image(url, png(4242))
         t_first = t_sent + q["ttft_ms"] / 1e3
+        time.sleep(1.0)
+        # the same beside a text question of the image question's length (a document), for comparison
+        words = " ".join(f"item{k}" for k in range(q["prompt_eval_count"] or 256))
+        t_text = time.perf_counter()
+        qt = ask_image(url, None, text=words)
+        t_text_first = t_text + qt["ttft_ms"] / 1e3
         time.sleep(0.5)
         stop.set()
+        wall = time.time() - time.perf_counter()  # step events carry wall-clock times
+        steps = [st for st in recorder.stop() if t_sent + wall <= st["time"] <= t_first + wall]
         base, during = gaps(streams, t_base, t_sent), gaps(streams, t_sent, t_first)
+        text_gaps = gaps(streams, t_text, t_text_first)
+        result["beside_text"] = {"question": qt, "gaps": len(text_gaps), "p50_ms": pct(text_gaps, 50),
+                                 "p99_ms": pct(text_gaps, 99), "max_ms": max(text_gaps, default=float("nan"))}
         result["beside"] = {"question": q, "baseline_gaps": len(base), "during_gaps": len(during),
                             "baseline_p50_ms": pct(base, 50), "baseline_p99_ms": pct(base, 99),
                             "baseline_max_ms": max(base, default=float("nan")),
                             "during_p50_ms": pct(during, 50), "during_p99_ms": pct(during, 99),
-                            "during_max_ms": max(during, default=float("nan"))}
+                            "during_max_ms": max(during, default=float("nan")),
+                            # the engine's steps meanwhile: a long one is the engine's, a gap without one is not
+                            "steps": len(steps), "step_max_ms": max((st["step_ms"] for st in steps), default=0),
+                            "step_prefill_tokens": sum(st["prefill_tokens"] for st in steps),
+                            "step_ms": [round(st["step_ms"], 1) for st in steps]}
     result["loadavg_after"] = os.getloadavg()
     b = result["beside"]
     print("| measurement | value |\n|---|---|")
@@ -169,6 +186,13 @@ def main() -> None:
           f"{b['baseline_p99_ms']:.0f} / {b['baseline_max_ms']:.0f} ms |")
     print(f"| streams' gaps while the image question is admitted ({b['during_gaps']}): P50 / P99 / max | "
           f"{b['during_p50_ms']:.0f} / {b['during_p99_ms']:.0f} / {b['during_max_ms']:.0f} ms |")
+    t = result["beside_text"]
+    print(f"| beside {args.streams} streams: a text question of {t['question']['prompt_eval_count']} tokens: TTFT | "
+          f"{t['question']['ttft_ms']:.0f} ms |")
+    print(f"| streams' gaps while that text question is admitted ({t['gaps']}): P50 / P99 / max | {t['p50_ms']:.0f} / "
+          f"{t['p99_ms']:.0f} / {t['max_ms']:.0f} ms |")
+    print(f"| engine steps meanwhile: count / longest / prefill tokens | {b['steps']} / {b['step_max_ms']:.0f} ms / "
+          f"{b['step_prefill_tokens']} |")
     print(f"\nload average before {result['loadavg_before']}, after {result['loadavg_after']}")
     out = HERE / "vision_bench.json"
     runs = json.loads(out.read_text()) if out.exists() else []

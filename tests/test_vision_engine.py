@@ -81,3 +81,26 @@ def test_a_non_causal_span_is_never_split():
     seq.num_computed = 10
     assert seq.fit_chunk(4) == 16  # at its start: the whole span
     assert seq.fit_chunk(30) == 30  # covers it whole
+
+
+def test_the_engine_places_a_non_causal_span_whole():
+    """An image whose rows attend each other both ways (Gemma 3's projector) is never cut by a chunk: every step's
+    prefill ends before the span or at/after its end, and its rows run with causal attention off."""
+    r = _runner(projector=False)
+    try:
+        ids = r.tokenizer.encode("def add(a, b):\n    return a + b\nprint(add(2, 3))\n")
+        lo, n = 4, 13
+        rows = np.random.default_rng(0).standard_normal((n, 64)).astype(np.float32) * 0.02
+        eng = Engine(r, EngineConfig(max_num_batched_tokens=256, max_prefill_chunk=5, prefix_caching=False))
+        ends = []
+        eng.subscribe(lambda e: ends.extend(c for _, c in e["prefilled"]) if e["type"] == "step" else None)
+        stream = eng.submit(ids[:lo] + [-1 - j for j in range(n)] + ids[lo + n:],
+                            SamplingParams(temperature=0, num_predict=3), loop=None,
+                            embeds=[EmbedSpan(lo, rows, causal=False)])
+        while eng.run_once():
+            pass
+        assert sum(len(d.token_ids) for d in stream) == 3
+        assert ends and not any(lo < e < lo + n for e in ends), ends
+        assert lo + n in ends  # the span went in as one piece (13 rows with chunks of 5)
+    finally:
+        r.close()

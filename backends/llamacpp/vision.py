@@ -195,6 +195,9 @@ def attach_vision(runner, projector_path: str) -> None:
         # half the cores: an encode runs beside the engine's steps, which keep the rest
         runner.vision = LlamaCppVision(runner._model, n_embd, projector_path, max(1, runner.n_threads // 2))
         runner.vision_error = None
+        if runner.extra_bufts and runner.info.file_type == "F32":  # docs/bench/vision_bench.md
+            log.warning("%s: an F32 model with llama.cpp's extra buffer types on: steps that carry image rows can "
+                        "take ~1 s each on this CPU; set EVENFLOW_LLAMACPP_EXTRA_BUFTS=off", runner.path)
     except ModelLoadError as e:
         log.warning("vision projector not loaded: %s", e)
         runner.vision, runner.vision_error = None, str(e)

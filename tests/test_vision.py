@@ -223,3 +223,42 @@ def test_responses_input_image(daemon):
         {"type": "input_text", "text": "what is it?"},
         {"type": "input_image", "image_url": "data:image/png;base64," + b64(png(seed=13))}]}])
     assert r.usage.input_tokens > IMAGE_TOKENS
+
+
+@pytest.mark.parametrize("w, h", [(1, 1), (300, 20), (20, 300)])
+def test_odd_sizes_are_resized_not_refused(client, w, h):
+    r = gen(client, [b64(png(w, h, seed=w))], n=2)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] > IMAGE_TOKENS
+
+
+def test_jpeg_in_and_a_truncated_jpeg_header(client):
+    pil = pytest.importorskip("PIL.Image")
+    import io
+
+    buf = io.BytesIO()
+    pil.fromarray(__import__("numpy").random.default_rng(1).integers(0, 256, (40, 50, 3), dtype="uint8")).save(
+        buf, format="JPEG")
+    data = buf.getvalue()
+    from evenflow.daemon.api.images import image_size
+
+    assert image_size(data) == ("JPEG", (50, 40))
+    assert gen(client, [b64(data)], n=2).status_code == 200
+    r = gen(client, [b64(data[:8])], n=2)
+    assert r.status_code == 400 and "truncated or corrupt JPEG" in r.json()["error"]
+
+
+def test_concurrent_image_requests(daemon):
+    """Several prepare workers encode at once: the encoder's lock serialises its mtmd context."""
+    out: list = [None] * 4
+
+    def one(i):
+        with httpx.Client(base_url=daemon.url, timeout=300) as c:
+            out[i] = gen(c, [b64(png(seed=100 + i))], n=3)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert all(r is not None and r.status_code == 200 and r.json()["eval_count"] == 3 for r in out), out

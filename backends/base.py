@@ -34,6 +34,30 @@ class SeqSpan:
 
 
 @dataclass
+class EmbedSpan:
+    """A prompt span given as input embeddings (an image), not token ids: rows for positions [start, start + n)."""
+
+    start: int  # prompt position of the first row
+    rows: Any  # float32 numpy array [n, hidden]
+    causal: bool = True  # False: the span's rows attend each other both ways, so it must run whole in one pass
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows)
+
+
+def embeds_in(embeds: list[EmbedSpan], start_pos: int, length: int, flat: int) -> list[tuple[int, Any, bool]]:
+    """(flattened offset, rows, causal) of the embedding rows among positions [start_pos, start_pos + length) of a span
+    that starts at flattened offset `flat`."""
+    out = []
+    for e in embeds:
+        lo, hi = max(e.start, start_pos), min(e.end, start_pos + length)
+        if lo < hi:
+            out.append((flat + lo - start_pos, e.rows[lo - e.start:hi - e.start], e.causal))
+    return out
+
+
+@dataclass
 class Batch:
     """A flattened mixed batch: decodes and prompt chunks of several sequences, one forward pass."""
 
@@ -41,6 +65,8 @@ class Batch:
     positions: list[int]
     spans: list[SeqSpan]
     block_size: int
+    # (flattened offset, rows, causal): tokens given as embeddings (image spans); their token_ids are 0
+    embeds: list[tuple[int, Any, bool]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -152,6 +178,7 @@ class RunnerSettings:
     kv_cache_type: str = "auto"  # one of KV_CACHE_TYPES
     # llama.cpp KV layout: auto | streams | unified; None = the EVENFLOW_LLAMACPP_KV environment variable (auto)
     kv_layout: str | None = None
+    projector_path: str | None = None  # a vision projector GGUF (llama.cpp + libmtmd): images in
 
 
 class Runner(abc.ABC):
@@ -181,6 +208,8 @@ class Runner(abc.ABC):
     device: Any = "cpu"  # where it computes: str(device) starting with "cpu" gives the engine CPU defaults
     kv_layout: str | None = None  # how the KV is laid out, where a backend has a choice (llama.cpp: streams | unified)
     kv_types: tuple[str, str] | None = None  # (K, V) element type names, where a backend reports them
+    vision: "VisionEncoder | None" = None  # images in: set at load when the model has a projector (llama.cpp)
+    vision_error: str | None = None  # why a model with a projector cannot take images here (e.g. no libmtmd)
 
     @abc.abstractmethod
     def step(self, batch: Batch) -> np.ndarray:
@@ -227,6 +256,33 @@ class Runner(abc.ABC):
         """Put the first len(blocks) blocks of a prefix exported as `stored_blocks` blocks into `blocks` (which no
         sequence holds). Afterwards they are cached blocks like any other. False: nothing was restored."""
         return False
+
+
+class ImageInputError(ValueError):
+    """An image the vision encoder cannot take (not an image, undecodable, too large): bad input, a 400."""
+
+
+@dataclass
+class MultimodalPrompt:
+    """A prompt with images: token ids (an image's positions hold placeholder ids derived from a hash of its bytes,
+    so the prefix cache tells images apart) and the embedding spans that replace those positions."""
+
+    token_ids: list[int]
+    embeds: list[EmbedSpan]
+    images_encoded: int = 0  # images that ran through the vision tower (the rest came from its cache)
+
+
+class VisionEncoder(abc.ABC):
+    """A model's vision tower. Thread-safe: the prepare workers call it, never the engine thread."""
+
+    marker: str  # the text that stands for one image in a rendered prompt
+
+    @abc.abstractmethod
+    def build_prompt(self, text: str, images: list[bytes], add_special: bool) -> MultimodalPrompt:
+        """Tokenize `text` (one `marker` per image, in order) and encode the images; ImageInputError on a bad one."""
+
+    def close(self) -> None:
+        """Release the encoder's memory."""
 
 
 class ModelLoadError(Exception):

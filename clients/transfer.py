@@ -196,6 +196,13 @@ def create_request(args: argparse.Namespace, view: ProgressView, client: httpx.C
         body["files"] = upload_files(client, _model_files(src), view)
     else:
         body["from"] = spec.from_
+    for extra in spec.extra_from:  # a second FROM: the vision projector GGUF, uploaded beside the model's files
+        p = Path(extra).expanduser()
+        p = p if p.is_absolute() else mf.parent / p
+        if "files" not in body or not p.is_file():
+            raise CLIError(f"Error: FROM {extra}: a further FROM must name a GGUF file (a vision projector) and "
+                           "follow a FROM that names the model's file")
+        body["files"].update(upload_files(client, _model_files(p), view))
     if spec.adapters:
         adapters: dict[str, str] = {}
         for a in spec.adapters:

@@ -64,6 +64,7 @@ class ModelRecord:
     eos_token: str | None = None
     synthetic: bool = False
     remote: dict[str, Any] | None = None  # served by an upstream engine (daemon/api/remote/), never loaded here
+    projector: str | None = None  # vision projector GGUF (a projector layer): images in on llama.cpp
 
 
 @dataclass
@@ -274,7 +275,8 @@ class ModelManager:
         rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,
                             device=s.device, num_threads=s.num_threads or None,
                             kv_memory_fraction=s.gpu_kv_fraction, kv_layout=s.llamacpp_kv,
-                            flash_attention=s.flash_attention, kv_cache_type=s.kv_cache_type)
+                            flash_attention=s.flash_attention, kv_cache_type=s.kv_cache_type,
+                            projector_path=record.projector if backend == "llamacpp" else None)
         if s.kv_cache_type not in ("auto", "f16") and backend != "llamacpp":
             log.warning("OLLAMA_KV_CACHE_TYPE=%s applies to the llama.cpp backend only; %s keeps its own KV type",
                         s.kv_cache_type, backend)

@@ -260,7 +260,7 @@ def test_errors_in_anthropic_shape(client: anthropic.Anthropic, daemon: Daemon) 
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     bad = [
         (dict(max_tokens=4, messages=[{"role": "user", "content": [image, {"type": "text", "text": "what?"}]}]),
-         "no vision"),
+         "does not support images"),
         (dict(max_tokens=0, messages=MSGS), "max_tokens"),
         (dict(max_tokens=4, messages=[{"role": "robot", "content": "hi"}]), "role"),
         (dict(max_tokens=4, messages=[]), "at least one message"),

@@ -51,7 +51,12 @@ _get_logits_addr = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("llama_ge
 
 def load(model_path: str, settings: RunnerSettings) -> "LlamaCppRunner":
     """Load a GGUF file with llama.cpp; raises ModelLoadError naming the file and the reason."""
-    return LlamaCppRunner(str(model_path), settings)
+    runner = LlamaCppRunner(str(model_path), settings)
+    if settings.projector_path:  # images in (vision.py); a projector that cannot load leaves the text model
+        from .vision import attach_vision
+
+        attach_vision(runner, settings.projector_path)
+    return runner
 
 
 def plan_kv_tokens(settings: RunnerSettings, ctx_len: int, bytes_per_token: int) -> tuple[int, int]:
@@ -308,7 +313,12 @@ class LlamaCppRunner(Runner):
         rows = [i for i, s in enumerate(spans) if s.need_logits]
         result = np.empty((len(rows), self.vocab_size), dtype=np.float32)
         row_of = {i: r for r, i in enumerate(rows)}
-        self._decode(order, spans, seqs, tok, pos, result, row_of, batch)
+        if batch.embeds:  # image rows: llama_decode calls of their own (vision_decode.py)
+            from .vision_decode import decode_with_embeddings
+
+            decode_with_embeddings(self, order, spans, seqs, tok, pos, result, row_of, batch)
+        else:
+            self._decode(order, spans, seqs, tok, pos, result, row_of, batch)
         return result
 
     def _decode(self, order: list[int], spans: list, seqs: list[int], tok: np.ndarray, pos: np.ndarray,
@@ -428,6 +438,9 @@ class LlamaCppRunner(Runner):
 
     def close(self) -> None:
         """Free the contexts and the model; idempotent."""
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None

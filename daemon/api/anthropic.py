@@ -36,15 +36,18 @@ def plan(req: MessagesRequest) -> Plan:
     return Plan(bool(req.stream), args=(conversation(req),))
 
 
-def _render(model: LoadedModel, conv: Conversation) -> tuple[str, list[int], bool | str | None, int]:
-    """The chat prompt as /api/chat renders it: (text, ids, think, window)."""
+def _render(model: LoadedModel, conv: Conversation) -> tuple[str, list[int], bool | str | None, int, list | None]:
+    """The chat prompt as /api/chat renders it: (text, ids, think, window, image spans)."""
     think = conv.think
     if think is None and conv.effort and prompting.thinking_tags(model):
         think = conv.effort  # output_config.effort: a level for a model that thinks, nothing for one that does not
     think = prompting.resolve_think(model, think)
     window = check_num_ctx(model, None)
-    text, ids = prepare._chat_prompt(model, conv.messages, conv.tools, think, window)
-    return text, ids, think, window
+    given = [m.get("images") or [] for m in conv.messages]
+    messages = [{k: v for k, v in m.items() if k != "images"} for m in conv.messages]
+    messages, images = prepare._message_images(model, model.name, messages, given)
+    text, ids, embeds = prepare._chat_prompt(model, messages, conv.tools, think, window, images)
+    return text, ids, think, window, embeds
 
 
 def tool_grammar(model: LoadedModel, tools: list[dict[str, Any]]) -> str:
@@ -72,9 +75,11 @@ def params(model: LoadedModel, req: MessagesRequest) -> SamplingParams:
 
 def prepare_messages(model: LoadedModel, req: MessagesRequest, conv: Conversation) -> Prepared:
     """/v1/messages: the conversation rendered as /api/chat would, its sampling, a forced tool call's grammar."""
-    text, ids, think, window = _render(model, conv)
+    text, ids, think, window, embeds = _render(model, conv)
     grammar = tool_grammar(model, conv.forced) if conv.forced else prepare.check_format(conv.schema)
-    return prepare._finish(model, text, ids, params(model, req), window, think, conv.tools, grammar)
+    prep = prepare._finish(model, text, ids, params(model, req), window, think, conv.tools, grammar)
+    prep.embeds = embeds
+    return prep
 
 
 MESSAGES = Generate("/v1/messages", plan, prepare_messages, AnthropicReply, ANTHROPIC_SSE)

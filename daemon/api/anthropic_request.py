@@ -12,7 +12,7 @@ from .errors import APIError
 from .schemas import _Req
 
 Number = Union[StrictInt, StrictFloat]
-NO_VISION = "image and document content blocks are not supported (no vision models yet)"
+NO_VISION = "document content blocks are not supported"
 
 
 class AnthropicMessage(_Req):
@@ -70,9 +70,20 @@ def _text(block: dict[str, Any], where: str) -> str:
 def _block_type(block: Any, where: str) -> str:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise _bad(f"{where}: each content block must be an object with a 'type'")
-    if block["type"] in ("image", "document"):
+    if block["type"] == "document":
         raise _bad(f"{where}: {NO_VISION}")
     return block["type"]
+
+
+def _image_source(block: dict[str, Any], where: str) -> str:
+    """An image block's source as a data URL (base64) or its URL (refused at prepare: never fetched)."""
+    src = block.get("source")
+    if isinstance(src, dict) and src.get("type") == "base64" and isinstance(src.get("data"), str):
+        media = src.get("media_type") if isinstance(src.get("media_type"), str) else "image/png"
+        return f"data:{media};base64,{src['data']}"
+    if isinstance(src, dict) and src.get("type") == "url" and isinstance(src.get("url"), str):
+        return src["url"]
+    raise _bad(f"{where}: an image block needs source {{type: base64, media_type, data}}")
 
 
 def system_text(system: str | list[dict[str, Any]] | None, where: str = "system") -> str | None:
@@ -116,6 +127,7 @@ def _message(m: AnthropicMessage, i: int, names: dict[str, str]) -> list[dict[st
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     thinking = ""
+    images: list[str] = []
     for j, block in enumerate(m.content):
         where = f"messages.{i}.content.{j}"
         kind = _block_type(block, where)
@@ -135,6 +147,8 @@ def _message(m: AnthropicMessage, i: int, names: dict[str, str]) -> list[dict[st
             if cid in names:
                 result["tool_name"] = names[cid]
             results.append(result)
+        elif kind == "image" and m.role == "user":
+            images.append(_image_source(block, where))
         elif kind == "thinking" and m.role == "assistant":
             if not isinstance(block.get("thinking"), str):
                 raise _bad(f"{where}: a thinking block needs 'thinking' (a string)")
@@ -145,8 +159,10 @@ def _message(m: AnthropicMessage, i: int, names: dict[str, str]) -> list[dict[st
             raise _bad(f"{where}: content blocks of type {kind!r} are not supported in {m.role} messages "
                        f"(text, tool_use, thinking in assistant ones; text, tool_result in user ones)")
     out = list(results)
-    if texts or calls or thinking or not results:
+    if texts or calls or thinking or images or not results:
         msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
+        if images:
+            msg["images"] = images  # decoded and checked in the prepare step (images.py)
         if calls:
             msg["tool_calls"] = calls
         if thinking:

@@ -71,7 +71,7 @@ async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint
                                                   else -1) for i in range(1, prep.n)]
     try:
         streams = engine.submit_group(prep.prompt_ids, params, user=user, constraint=prep.constraint,
-                                      logprobs=prep.logprobs, priority=prep.priority)
+                                      logprobs=prep.logprobs, priority=prep.priority, embeds=prep.embeds)
     except PromptTooLong as e:
         raise APIError(400, str(e)) from None
     except QueueFull:

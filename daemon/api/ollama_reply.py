@@ -31,7 +31,7 @@ class GenerateReply:
     def _final(self, output_ids: list[int], final: dict[str, Any]) -> dict[str, Any]:
         out = {"model": self.req.model, "created_at": now_rfc3339(), "response": "", "done": True, **final}
         if not self.req.raw:
-            out["context"] = self.prompt_ids + output_ids
+            out["context"] = [t for t in self.prompt_ids if t >= 0] + output_ids  # image placeholders left out
         return out
 
     def whole(self, gens: list[Generation]) -> dict[str, Any]:

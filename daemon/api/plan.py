@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import APIError
+from .images import MAX_IMAGES
 from .options import ollama_logprobs, parse_keep_alive, requested_num_ctx
 from .schemas import (ChatCompletionRequest, ChatRequest, CompletionRequest, EmbeddingRequest, EmbeddingsRequest,
                       EmbedRequest, GenerateRequest, OAIMessage)
@@ -41,8 +42,8 @@ def generate(req: GenerateRequest) -> Plan:
     ollama_logprobs(req)  # a bad top_logprobs is a 400 before the model loads
     if req.raw and (req.template or req.system or req.context):
         raise APIError(400, "raw mode does not support template, system, or context")
-    if req.images:
-        raise APIError(400, f"model '{req.model}' does not support images (no vision models yet)")
+    if req.images and len(req.images) > MAX_IMAGES:
+        raise APIError(400, f"too many images: at most {MAX_IMAGES} per request")
     keep_alive, num_ctx = parse_keep_alive(req.keep_alive), requested_num_ctx(req.options)
     return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.prompt and not req.suffix)
 
@@ -50,8 +51,8 @@ def generate(req: GenerateRequest) -> Plan:
 def chat(req: ChatRequest) -> Plan:
     ollama_logprobs(req)
     keep_alive, num_ctx = parse_keep_alive(req.keep_alive), requested_num_ctx(req.options)
-    if req.messages and any(m.images for m in req.messages):
-        raise APIError(400, f"model '{req.model}' does not support images (no vision models yet)")
+    if req.messages and sum(len(m.images or ()) for m in req.messages) > MAX_IMAGES:
+        raise APIError(400, f"too many images: at most {MAX_IMAGES} per request")
     return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.messages)
 
 
@@ -118,11 +119,21 @@ def embedding(req: EmbeddingRequest) -> EmbedPlan:
     return EmbedPlan(inputs)
 
 
-def _text_content(content: Any) -> str:
+def _image_url(p: dict[str, Any]) -> str:
+    """An image_url part's URL (checked and decoded in the prepare step, off the event loop)."""
+    iu = p.get("image_url")
+    url = iu.get("url") if isinstance(iu, dict) else iu
+    if not isinstance(url, str) or not url:
+        raise APIError(400, "invalid image_url part: expected image_url.url (a data URL)", param="messages")
+    return url
+
+
+def _content(content: Any) -> tuple[str, list[str]]:
+    """A message's text (text parts joined) and its images (image_url parts, Ollama's order: after the text)."""
     if content is None or isinstance(content, str):
-        return content or ""
+        return content or "", []
     if isinstance(content, list):
-        parts = []
+        parts, images = [], []
         for p in content:
             if not isinstance(p, dict):
                 raise APIError(400, "invalid message content part: expected an object")
@@ -130,11 +141,13 @@ def _text_content(content: Any) -> str:
                 if not isinstance(p.get("text", ""), str):
                     raise APIError(400, "invalid message content part: 'text' must be a string", param="messages")
                 parts.append(p.get("text", ""))
-            elif p.get("type") in ("image_url", "input_audio"):
-                raise APIError(400, "image and audio inputs are not supported (no multimodal models yet)")
+            elif p.get("type") == "image_url":
+                images.append(_image_url(p))
+            elif p.get("type") == "input_audio":
+                raise APIError(400, "audio inputs are not supported", param="messages")
             else:
                 raise APIError(400, f"invalid message content part type {p.get('type')!r}")
-        return "\n".join(parts)
+        return "\n".join(parts), images
     raise APIError(400, f"invalid message content: expected a string or a list of parts, got {type(content).__name__}")
 
 
@@ -144,11 +157,18 @@ def convert_messages(messages: list[OAIMessage]) -> list[dict[str, Any]]:
         raise APIError(400, "[] is too short - 'messages'", param="messages")
     out: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
+    n_images = 0
     for m in messages:
         role = m.role.lower()
         if role not in ("system", "developer", "user", "assistant", "tool"):
             raise APIError(400, f"invalid message role {m.role!r}", param="messages")
-        msg: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": _text_content(m.content)}
+        text, images = _content(m.content)
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": text}
+        if images:
+            n_images += len(images)
+            if n_images > MAX_IMAGES:
+                raise APIError(400, f"too many images: at most {MAX_IMAGES} per request", param="messages")
+            msg["images"] = images
         if m.tool_calls:
             calls = []
             for c in m.tool_calls:

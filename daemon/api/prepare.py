@@ -12,6 +12,8 @@ from ..engine.grammar import Constraint, GrammarError, grammar_for_format
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import SamplingParams
 from ..manager import LoadedModel
+from ...backends.base import EmbedSpan
+from . import images as image_input
 from . import prompt_size, prompting
 from .errors import APIError
 from .options import (check_num_ctx, fit_to_context, ollama_logprobs, options_priority, request_priority,
@@ -34,6 +36,7 @@ class Prepared:
     n: int = 1  # choices sampled from the one prompt (/v1 `n`)
     priority: int = 0  # lower is scheduled sooner (the engine's prompt order)
     template: str | None = None  # the model's template: the reply is read back in its tool-call format
+    embeds: list[EmbedSpan] | None = None  # image spans of the prompt, encoded here (images.py)
 
 
 def check_format(fmt: Any) -> str | None:
@@ -89,25 +92,59 @@ def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> P
     grammar = check_format(req.format)
     window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
-    given = len(req.prompt or "") + len(req.system or "") + len(req.suffix or "")
+    prompt = req.prompt or ""
+    images: list[bytes] = []
+    if req.images:
+        image_input.check_vision(model, req.model)
+        images = image_input.decode_images(req.images, "images")
+        prompt = "".join(f"[img-{i}] " for i in range(len(images))) + prompt  # Ollama's tags before the prompt
+    given = len(prompt) + len(req.system or "") + len(req.suffix or "")
     limit = prompt_size.char_limit(model, window, given)
     if req.raw:
-        text, add_special = req.prompt or "", True
+        text, add_special = prompt, True
     else:
-        text, add_special = prompting.render_generate(model, req.prompt or "", system=req.system,
+        text, add_special = prompting.render_generate(model, prompt, system=req.system,
                                                       suffix=req.suffix or "", template=req.template, think=think,
                                                       window=window, max_chars=limit)
     prompt_size.check_text(model, text, window, limit)
-    ids = list(req.context or []) + prompting.encode(model, text, add_special=add_special and not req.context)
+    ids, embeds = _ids(model, text, add_special and not req.context, images, list(req.context or []))
     params = sampling_params(req.options, model.record.params)
     prep = _finish(model, text, ids, params, window, think, grammar=grammar)
+    prep.embeds = embeds
     prep.logprobs = ollama_logprobs(req)
     prep.priority = options_priority(req.options)
     return prep
 
 
+def _ids(model: LoadedModel, text: str, add_special: bool, images: list[bytes],
+         context: list[int] | None = None) -> tuple[list[int], list[EmbedSpan] | None]:
+    """The prompt's ids after `context`, and its image spans (encoded now, in this worker) when it has images."""
+    context = context or []
+    if not images:
+        return context + prompting.encode(model, text, add_special=add_special), None
+    cancel.checkpoint()
+    if add_special and model.runner.tokenizer.add_bos:
+        text = prompting.without_leading_bos(model, text)
+    mm = image_input.build_prompt(model, text, images, add_special)
+    return context + mm.token_ids, [EmbedSpan(e.start + len(context), e.rows, e.causal) for e in mm.embeds]
+
+
+def _message_images(model: LoadedModel, name: str, messages: list[dict[str, Any]],
+                    given: list[list[Any]]) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """Each message's images decoded and tagged `[img-N]` in its content (Ollama's chat prompt)."""
+    if not any(given):
+        return messages, []
+    image_input.check_vision(model, name)
+    decoded, count = [], 0
+    for i, imgs in enumerate(given):
+        decoded.append(image_input.decode_images(imgs, f"messages[{i}].images", count))
+        count += len(imgs or ())
+    return image_input.tag_messages(messages, decoded)
+
+
 def _chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 think: bool | str | None, window: int) -> tuple[str, list[int]]:
+                 think: bool | str | None, window: int,
+                 images: list[bytes] = ()) -> tuple[str, list[int], list[EmbedSpan] | None]:
     if tools and not prompting.supports_tools(model):
         raise APIError(400, f"{prompting.full_name(model)} does not support tools")
     # a chat too long for the window stops rendering at the most a prompt that fits can hold (issue 27: 50,000
@@ -116,7 +153,7 @@ def _chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list
     text, add_special = prompting.render_chat(model, messages, tools=tools, think=think, window=window,
                                               max_chars=limit)
     prompt_size.check_text(model, text, window, limit)
-    return text, prompting.encode(model, text, add_special=add_special)
+    return (text, *_ids(model, text, add_special, list(images)))
 
 
 def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
@@ -125,9 +162,12 @@ def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
     window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     tools = req.tools or None
-    text, ids = _chat_prompt(model, [m.as_template_dict() for m in req.messages or []], tools, think, window)
+    msgs, images = _message_images(model, req.model, [m.as_template_dict() for m in req.messages or []],
+                                   [m.images or [] for m in req.messages or []])
+    text, ids, embeds = _chat_prompt(model, msgs, tools, think, window, images)
     params = sampling_params(req.options, model.record.params)
     prep = _finish(model, text, ids, params, window, think, tools, grammar)
+    prep.embeds = embeds
     prep.logprobs = ollama_logprobs(req)
     prep.priority = options_priority(req.options)
     return prep
@@ -188,8 +228,12 @@ def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: li
     think = prompting.resolve_think(model, think)
     tools = req.tools or None
     window = check_num_ctx(model, None)
-    text, ids = _chat_prompt(model, messages, tools, think, window)
+    given = [m.get("images") or [] for m in messages]
+    messages = [{k: v for k, v in m.items() if k != "images"} for m in messages]
+    messages, images = _message_images(model, req.model, messages, given)
+    text, ids, embeds = _chat_prompt(model, messages, tools, think, window, images)
     prep = _finish(model, text, ids, openai_params(req, model), window, think, tools, grammar)
+    prep.embeds = embeds
     prep.logprobs, prep.n = chat_logprobs(req), openai_choices(req, model)
     prep.priority = request_priority(req.priority, param="priority")
     return prep

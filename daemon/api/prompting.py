@@ -129,14 +129,14 @@ def encode(model: LoadedModel, text: str, *, add_special: bool) -> list[int]:
     tok = model.runner.tokenizer
     bos = tok.bos_id
     if add_special and tok.add_bos:
-        text = _without_leading_bos(model, text)
+        text = without_leading_bos(model, text)
     ids = list(tok.encode(text, add_special=add_special, parse_special=True))
     if add_special and bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
         ids = ids[1:]  # a BOS written some other way (its piece spelled differently, after whitespace)
     return ids
 
 
-def _without_leading_bos(model: LoadedModel, text: str) -> str:
+def without_leading_bos(model: LoadedModel, text: str) -> str:
     """`text` less the BOS a template wrote at its start, as llama-server does (common/chat.cpp): the tokenizer
     adds BOS, and handing llama.cpp both made it warn on every request that the prompt starts with 2 BOS tokens."""
     lead = _bos_text(model)

@@ -27,8 +27,7 @@ router = APIRouter(prefix="/v1")
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
-UNSUPPORTED_PARTS = {"input_image": "image inputs are not supported (no vision models yet)",
-                     "input_file": "file inputs are not supported",
+UNSUPPORTED_PARTS = {"input_file": "file inputs are not supported",
                      "input_audio": "audio inputs are not supported"}
 
 
@@ -75,11 +74,18 @@ def _text(content: Any, where: str) -> str:
         return content or ""
     if not isinstance(content, list):
         raise _bad(f"invalid {where}: expected a string or a list of content parts", "input")
-    texts = []
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in UNSUPPORTED_PARTS:
             raise _bad(f"{where}[{i}]: {UNSUPPORTED_PARTS[kind]}", "input")
+        if kind == "input_image":  # as /v1/chat/completions' image_url part (a data URL; checked at prepare)
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                raise _bad(f"invalid {where}[{i}]: an input_image needs image_url (a data URL)", "input")
+            images.append({"type": "image_url", "image_url": {"url": url}})
+            continue
         if kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
             continue
@@ -87,6 +93,8 @@ def _text(content: Any, where: str) -> str:
             raise _bad(f"invalid {where}[{i}]: expected a part of type input_text or output_text with a string "
                        f"'text', got {json.dumps(part)[:200]}", "input")
         texts.append(part["text"])
+    if images:  # chat content parts: the text, then the images
+        return [{"type": "text", "text": "\n".join(texts)}, *images]  # type: ignore[return-value]
     return "\n".join(texts)
 
 

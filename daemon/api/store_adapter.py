@@ -64,7 +64,8 @@ class StoreAdapter:
         return ModelRecord(name=r.name, path=str(r.model_path), template=r.template, system=r.system,
                            params=dict(r.params or {}), messages=list(r.messages or []), details=dict(r.details or {}),
                            digest=r.digest, context_length=r.context_length, size=r.size,
-                           bos_token=r.bos_token, eos_token=r.eos_token, synthetic=r.synthetic, remote=r.remote)
+                           bos_token=r.bos_token, eos_token=r.eos_token, synthetic=r.synthetic, remote=r.remote,
+                           projector=str(r.projector_path) if r.projector_path is not None else None)
 
     def remote(self, name: str) -> dict[str, Any] | None:
         """The endpoint of a remote model; None for a local model or any name the normal path should judge."""

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...backends.base import Runner
+from ...backends.base import EmbedSpan, Runner
 from .budget import AdaptiveBudget, StepCost
 # the config, stats and errors live in config.py; imported from here too (daemon/api, daemon/models.py, tests)
 from .config import EngineConfig, EngineError, EngineStats, EngineStopped, PromptTooLong, QueueFull  # noqa: F401
@@ -107,16 +107,18 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, *, user: dict | None = None,
                loop: asyncio.AbstractEventLoop | None | str = "auto",
-               constraint: Constraint | None = None, logprobs: int | None = None, priority: int = 0) -> RequestStream:
+               constraint: Constraint | None = None, logprobs: int | None = None, priority: int = 0,
+               embeds: list[EmbedSpan] | None = None) -> RequestStream:
         """`constraint`: from `self.grammars.compile(...)`, owned by this sequence from now on. `logprobs`:
         None, or report each token's log-probability with that many top alternatives (0..20). `priority`: lower
         is scheduled sooner (0 normal; see scheduler.py for how it orders prompts)."""
         return self.submit_group(prompt_ids, [params], user=user, loop=loop, constraint=constraint,
-                                 logprobs=logprobs, priority=priority)[0]
+                                 logprobs=logprobs, priority=priority, embeds=embeds)[0]
 
     def submit_group(self, prompt_ids: list[int], params: list[SamplingParams], *, user: dict | None = None,
                      loop: asyncio.AbstractEventLoop | None | str = "auto", constraint: Constraint | None = None,
-                     logprobs: int | None = None, priority: int = 0) -> list[RequestStream]:
+                     logprobs: int | None = None, priority: int = 0,
+                     embeds: list[EmbedSpan] | None = None) -> list[RequestStream]:
         """One sequence per `params` over the same prompt (n > 1). With prefix caching the first computes the
         prompt and the others are admitted once it has, sharing its KV blocks; each gets its own fork of
         `constraint`."""
@@ -135,7 +137,9 @@ class Engine:
         if blocks_for(n + 1, self.block_size) > self.blocks.num_blocks:
             raise PromptTooLong(f"the prompt is {n} tokens but the KV cache holds only "
                                 f"{self.blocks.num_blocks * self.block_size} tokens")
-        bad = [t for t in prompt_ids if not 0 <= t < self.runner.info.vocab_size]
+        # `embeds` (images): those positions hold placeholder ids that only the prefix cache reads
+        in_embeds = {p for e in embeds or () for p in range(e.start, e.end)}
+        bad = [t for i, t in enumerate(prompt_ids) if not 0 <= t < self.runner.info.vocab_size and i not in in_embeds]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.runner.info.vocab_size})")
         if len(self._seqs) + len(params) > self.config.max_queue + self.scheduler.config.max_num_seqs:
@@ -147,7 +151,7 @@ class Engine:
                 loop = None
         group = []
         for i, p in enumerate(params):
-            seq = Sequence(prompt_ids, p, self.context_length, user=user, priority=priority)
+            seq = Sequence(prompt_ids, p, self.context_length, user=user, priority=priority, embeds=embeds)
             seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
             c = constraint if i == 0 or constraint is None else constraint.fork()
             group.append((seq, c))

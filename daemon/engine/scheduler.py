@@ -16,7 +16,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ...backends.base import Batch
+from ...backends.base import Batch, embeds_in
 from .budget import BudgetPolicy
 from .kv import BlockManager, SlotPool
 from .sequence import Sequence, Status
@@ -84,11 +84,17 @@ class StepPlan:
         return sum(attention_pairs(s.seq.num_computed, s.num_tokens) for s in self.spans)
 
     def to_batch(self, block_size: int) -> Batch:
-        return Batch.from_spans(
+        batch = Batch.from_spans(
             [(s.seq.slot, s.seq.tokens(s.seq.num_computed, s.seq.num_computed + s.num_tokens), s.seq.num_computed,
               s.seq.block_table, s.need_logits) for s in self.spans],
             block_size,
         )
+        for s, span in zip(self.spans, batch.spans):
+            if s.seq.embeds:  # image spans: the runner feeds these rows instead of the placeholder ids
+                for flat, rows, causal in embeds_in(s.seq.embeds, span.start_pos, span.length, span.start):
+                    batch.token_ids[flat:flat + len(rows)] = [0] * len(rows)
+                    batch.embeds.append((flat, rows, causal))
+        return batch
 
 
 @dataclass
@@ -244,7 +250,11 @@ class Scheduler:
                 offer = min(self.policy.floor, self.policy.max_tokens - plan.num_tokens)
             n = min(left, offer, self.config.max_prefill_chunk or left)
         # never exceed the backend's per-forward limit (a monolithic prompt beyond it is split there)
-        return n if hard_left is None else min(n, hard_left - plan.prefill_tokens)
+        n = n if hard_left is None else min(n, hard_left - plan.prefill_tokens)
+        if seq.embeds and n > 0:  # an image that must run whole: up to it, or all of it (a step can run long)
+            whole = seq.fit_chunk(n)
+            n = whole if hard_left is None or whole <= hard_left - plan.prefill_tokens else 0
+        return n
 
     def _add_prefill(self, plan: StepPlan, seq: Sequence, n: int, scheduled: set[int]) -> None:
         self.blocks.allocate(seq, n)

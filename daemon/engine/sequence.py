@@ -103,9 +103,10 @@ class Sequence:
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
                  stream: RequestStream | None = None, seq_id: int | None = None,
-                 user: dict[str, Any] | None = None, priority: int = 0) -> None:
+                 user: dict[str, Any] | None = None, priority: int = 0, embeds: list[Any] | None = None) -> None:
         self.seq_id = seq_id if seq_id is not None else next(_ids)
         self.prompt_ids = list(prompt_ids)
+        self.embeds = list(embeds or [])  # backends.base.EmbedSpan: prompt spans given as embeddings (images)
         self.output_ids: list[int] = []
         self.params = params
         self.max_tokens = max_tokens  # context window: prompt + output may not exceed it
@@ -142,6 +143,15 @@ class Sequence:
         if start >= n:
             return self.output_ids[start - n:end - n]
         return self.prompt_ids[start:] + self.output_ids[:end - n]
+
+    def fit_chunk(self, n: int) -> int:
+        """A chunk of `n` tokens from num_computed, cut so that it never splits a non-causal embedding span
+        (an image whose rows attend each other both ways runs whole): before the span, or the whole span."""
+        start = self.num_computed
+        for e in self.embeds:
+            if not e.causal and e.start < start + n < e.end:
+                return e.start - start if e.start > start else e.end - start
+        return n
 
     @property
     def num_uncomputed(self) -> int:

@@ -14,12 +14,12 @@ from ...backends.remote.endpoint import FROM_SHAPE, SETTING_KEYS as REMOTE_SETTI
 from ...backends.remote.endpoint import EndpointError, RemoteEndpoint, is_remote_from
 from .hfdir import safe_relpath
 from .errors import BlobNotFound, InvalidModel, NotSupported
-from .manifest import (CONFIG_MEDIA_TYPE, MT_ADAPTER, MT_FILE, MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_PROMPT,
-                       MT_SYSTEM, MT_TEMPLATE, Layer, Manifest, ModelConfig)
+from .manifest import (CONFIG_MEDIA_TYPE, MT_ADAPTER, MT_FILE, MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_PROJECTOR,
+                       MT_PROMPT, MT_SYSTEM, MT_TEMPLATE, Layer, Manifest, ModelConfig)
 from .modelfile import InvalidParameter, format_params
 from .names import parse_digest, parse_name
 from .store import ModelStore
-from .weights import WeightsError, human_number, read_gguf, read_hf
+from .weights import WeightsError, human_number, is_projector, read_gguf, read_hf
 
 log = logging.getLogger(__name__)
 
@@ -132,15 +132,25 @@ def _remote_config(from_: str, settings: dict[str, Any], files: Any, template: s
 
 def _weights_layers(store: ModelStore, files: dict[str, str]) -> tuple[list[Layer], ModelConfig, str]:
     ggufs = [f for f in files if f.lower().endswith(".gguf")]
-    if len(ggufs) > 1:
-        raise InvalidModel(f"only one .gguf file per model is supported, got {', '.join(sorted(ggufs))}")
     shown = {str(store.blob_path(d)): f"{f} ({d})" for f, d in files.items()}
     try:
+        # Ollama's create: a GGUF whose general.architecture is `clip` is the vision projector, stored as its layer
+        projectors = [f for f in ggufs if is_projector(store.blob_path(files[f]))]
+        ggufs = [f for f in ggufs if f not in projectors]
+        if len(ggufs) > 1 or len(projectors) > 1:
+            raise InvalidModel(f"one model .gguf and at most one projector .gguf per model are supported, got "
+                               f"{', '.join(sorted(ggufs + projectors))}")
+        if projectors and not ggufs:
+            raise InvalidModel(f"{projectors[0]} is a vision projector (architecture clip); give the model's GGUF "
+                               "too (a second FROM line)")
         if ggufs:
             digest = files[ggufs[0]]
             path = store.blob_path(digest)
             info = read_gguf(path, check=True)
             layers = [Layer(MT_MODEL, digest, path.stat().st_size)]
+            if projectors:
+                pdig = files[projectors[0]]
+                layers.append(Layer(MT_PROJECTOR, pdig, store.blob_path(pdig).stat().st_size))
             status = "parsing GGUF"
         else:
             if not any(f.endswith(".safetensors") for f in files) or "config.json" not in files:

@@ -56,6 +56,12 @@ def pick_gguf(files: list[str], tag: str) -> str:
     return chosen
 
 
+def pick_mmproj(files: list[str]) -> str | None:
+    """The repo's vision projector (an `mmproj` GGUF; F16 preferred, as the hub's Ollama endpoint serves), if any."""
+    projs = sorted(f for f in files if f.lower().endswith(".gguf") and "mmproj" in f.rsplit("/", 1)[-1].lower())
+    return next((f for f in projs if re.search(r"f16", f, re.IGNORECASE)), projs[0] if projs else None)
+
+
 def pull_hf(store: "ModelStore", name: ModelName) -> Iterator[dict[str, Any]]:
     """Progress lines of a hub pull (the model is created under `name`)."""
     from huggingface_hub import HfApi, hf_hub_url  # noqa: PLC0415 - only hub pulls need it
@@ -72,20 +78,25 @@ def pull_hf(store: "ModelStore", name: ModelName) -> Iterator[dict[str, Any]]:
         raise HubError(f"pull model manifest: cannot reach {endpoint or 'huggingface.co'}: {e}") from e
     siblings = {s.rfilename: s for s in info.siblings or []}
     filename = pick_gguf(list(siblings), name.tag)
-    lfs = siblings[filename].lfs
-    if lfs is None or not getattr(lfs, "sha256", None):
-        raise HubError(f"{filename}: the hub gave no sha256 for it, so it cannot be verified")
-    layer = Layer(MT_MODEL, f"sha256:{lfs.sha256}", int(lfs.size))
-    url = hf_hub_url(repo, filename, revision=info.sha or "main", endpoint=endpoint)
-    if store.has_blob(layer.digest):
-        yield {"status": f"pulling {layer.digest[7:19]}", "digest": layer.digest, "total": layer.size,
-               "completed": layer.size}
-    else:
-        dl = store.downloads.get(layer.digest, layer.size, lambda: url)
-        try:
-            yield from wait_download(dl, f"pulling {layer.digest[7:19]}")
-        except DownloadError as e:
-            raise RegistryError(str(e)) from e
+    # the model's GGUF, and its vision projector when the repo has one (create stores it as the projector layer)
+    wanted = [f for f in (filename, pick_mmproj(list(siblings))) if f]
+    files = {}
+    for f in wanted:
+        lfs = siblings[f].lfs
+        if lfs is None or not getattr(lfs, "sha256", None):
+            raise HubError(f"{f}: the hub gave no sha256 for it, so it cannot be verified")
+        layer = Layer(MT_MODEL, f"sha256:{lfs.sha256}", int(lfs.size))
+        url = hf_hub_url(repo, f, revision=info.sha or "main", endpoint=endpoint)
+        if store.has_blob(layer.digest):
+            yield {"status": f"pulling {layer.digest[7:19]}", "digest": layer.digest, "total": layer.size,
+                   "completed": layer.size}
+        else:
+            dl = store.downloads.get(layer.digest, layer.size, lambda url=url: url)
+            try:
+                yield from wait_download(dl, f"pulling {layer.digest[7:19]}")
+            except DownloadError as e:
+                raise RegistryError(str(e)) from e
+        files[f.rsplit("/", 1)[-1]] = layer.digest
     yield {"status": "verifying sha256 digest"}
-    for status in create_model(store, name.full(), files={filename.rsplit("/", 1)[-1]: layer.digest}):
+    for status in create_model(store, name.full(), files=files):
         yield {"status": status}

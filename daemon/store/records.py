@@ -56,3 +56,4 @@ class ResolvedModel:
     modified_at: str = ""
     size: int = 0
     remote: dict[str, Any] | None = None  # a remote model's endpoint (RemoteEndpoint.to_json); no weights then
+    projector_path: Path | None = None  # the vision projector GGUF (a projector layer), None without vision

@@ -8,7 +8,7 @@ from ...backends.remote.endpoint import RemoteEndpoint
 from .manifest import MT_MODEL, MT_PROMPT, MT_TEMPLATE
 from .modelfile import parameters_text, render_modelfile
 from .store import ModelStore
-from .weights import SYNTHETIC_KEY
+from .weights import SYNTHETIC_KEY, projector_info
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ def show_model(store: ModelStore, name: str, *, verbose: bool = False, system: s
         "modelfile": render_modelfile(
             from_=from_, display_name=resolved.name, template=layer_template or resolved.template, system=sys_text,
             params=resolved.params, messages=resolved.messages, licenses=resolved.license,
-            header_lines=[SYNTHETIC_NOTE] if info.synthetic else []),
+            header_lines=[SYNTHETIC_NOTE] if info.synthetic else [],
+            extra_from=[str(resolved.projector_path)] if resolved.projector_path is not None else []),
         "parameters": parameters_text(resolved.params),
         "template": resolved.template or "",
         "system": sys_text,
@@ -48,6 +49,8 @@ def show_model(store: ModelStore, name: str, *, verbose: bool = False, system: s
         "capabilities": resolved.capabilities,
         "modified_at": resolved.modified_at,
     }
+    if resolved.projector_path is not None:
+        body["projector_info"] = projector_info(resolved.projector_path)
     if resolved.messages:
         body["messages"] = resolved.messages
     if verbose:

@@ -21,7 +21,7 @@ from .download import DownloadManager
 from .errors import BlobNotFound, InvalidModel, ModelNotFound, ReadOnlyModel
 from .hfdir import HF_DIR, materialize_dir
 from .layout import PRUNE_GRACE_S, TMP_PREFIX, StoreLayout, atomic_write_bytes, fsync_dir
-from .manifest import (MT_FILE, MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_PROMPT, MT_SYSTEM, MT_TEMPLATE,
+from .manifest import (MT_FILE, MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_PROJECTOR, MT_PROMPT, MT_SYSTEM, MT_TEMPLATE,
                        Manifest, ManifestError, ModelConfig)
 from .names import ModelName, parse_name
 from .records import ModelEntry, ResolvedModel, rfc3339
@@ -243,6 +243,9 @@ class ModelStore:
         ctx = info.metadata.get(f"{arch}.context_length") or info.metadata.get(f"{arch}.max_position_embeddings")
         caps = ["embedding"] if info.is_embedding else ["completion"]
         caps += template_capabilities(template)
+        projector = manifest.first(MT_PROJECTOR)
+        if projector is not None:
+            caps.append("vision")
         mtime = found.path.stat().st_mtime_ns
         return ResolvedModel(
             name=found.name.display(), full_name=found.name.full(), digest=digest, model_path=model_path,
@@ -251,6 +254,7 @@ class ModelStore:
             synthetic=info.synthetic, read_only=found.read_only, template_from_weights=template is not None and not layer_template,
             bos_token=info.bos_token, eos_token=info.eos_token, context_length=int(ctx) if isinstance(ctx, (int, float)) else None,
             capabilities=caps, modified_at=rfc3339(mtime), size=manifest.size,
+            projector_path=self.blob_path(projector.digest) if projector is not None else None,
         )
 
     def remote(self, name: str) -> dict[str, Any] | None:

@@ -127,6 +127,22 @@ def read_gguf(path: str | Path, full: bool = False, check: bool = False) -> Weig
     return _read_gguf_cached(path, st.st_size, st.st_mtime_ns)
 
 
+def is_projector(path: str | Path) -> bool:
+    """A GGUF vision projector (general.architecture `clip`, as Ollama's create tells it apart); False otherwise."""
+    try:
+        return read_gguf(path).architecture == "clip"
+    except WeightsError:
+        return False
+
+
+def projector_info(path: str | Path) -> dict[str, Any]:
+    """/api/show's projector_info: the projector's `clip.*` metadata (and its architecture), as Ollama lists it."""
+    md = read_gguf(path).metadata
+    info = {k: v for k, v in md.items() if k.startswith("clip.") and not isinstance(v, list)}
+    info["general.architecture"] = "clip"
+    return info
+
+
 def _token_text(v: Any) -> str | None:
     if isinstance(v, dict):  # tokenizer_config.json may store AddedToken dicts
         v = v.get("content")

@@ -108,3 +108,37 @@ def test_the_engine_places_a_non_causal_span_whole():
         assert lo + n in ends  # the span went in as one piece (13 rows with chunks of 5)
     finally:
         r.close()
+
+
+def test_an_image_prompt_comes_back_from_the_disk_kv_cache(tmp_path):
+    """An image's KV is saved and restored like text's (its placeholder ids key the blocks): after a restore the
+    greedy output equals the cold one."""
+    from evenflow.backends.llamacpp.vision import mtmd_available
+    from evenflow.daemon.engine.kv_disk import DiskKVCache
+
+    if not mtmd_available():
+        pytest.skip("this llama-cpp-python build has no libmtmd (built with -DLLAVA_BUILD=OFF)")
+    r = _runner(projector=True)
+    try:
+        text = " ".join(f"line {i} of the screenshot says something." for i in range(12))
+        first = r.vision.build_prompt(f"USER: {r.vision.marker}\n{text}\nWhat is it? ASSISTANT:", [png(seed=5)], True)
+        ask = r.vision.build_prompt(f"USER: {r.vision.marker}\n{text}\nAnd why? ASSISTANT:", [png(seed=5)], True)
+        cold = _greedy(r, ask.token_ids, ask.embeds, 8)
+
+        def run(eng, mm):
+            stream = eng.submit(mm.token_ids, SamplingParams(temperature=0, num_predict=8), loop=None,
+                                embeds=mm.embeds)
+            while eng.run_once():
+                pass
+            return [t for d in stream for t in d.token_ids]
+
+        disk = DiskKVCache(tmp_path, 1 << 30, min_tokens=32)
+        eng = Engine(r, EngineConfig(max_num_batched_tokens=64), kv_disk=disk, model_id="vision")
+        run(eng, first)
+        eng.shutdown()
+        assert disk.flush(30)
+        again = Engine(r, EngineConfig(max_num_batched_tokens=64), kv_disk=disk, model_id="vision")
+        assert run(again, ask) == cold
+        assert again.disk.restored_tokens >= 48  # the image's rows and the text after them, not recomputed
+    finally:
+        r.close()

@@ -240,29 +240,17 @@ def backend_names() -> list[str]:
 
 
 def load_runner(backend: str, model_path: str, settings: RunnerSettings) -> Runner:
-    """Load `model_path` (a GGUF file or an HF directory) with the named backend."""
+    """Load `model_path` (a GGUF file or an HF directory) with the named backend ("auto": by model, `auto_backend`)."""
     if backend == "auto":
-        backend = auto_backend()
+        backend = auto_backend(model_path)
     if backend not in _BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
     return _BACKENDS[backend]()(model_path, settings)
 
 
-def auto_backend() -> str:
-    """CUDA torch if a GPU is present, MLX on Apple Silicon, llama.cpp otherwise (torch as a fallback)."""
-    import importlib.util
-    import platform
+def auto_backend(model_path: str) -> str:
+    """Per model: a GGUF on llama.cpp (GPU offload where built for it), an HF folder on torch (CUDA or CPU) or
+    MLX on Apple Silicon (backends/choice.py)."""
+    from .choice import choose_backend, model_format, probe_machine
 
-    if platform.system() == "Darwin" and platform.machine() == "arm64" and importlib.util.find_spec("mlx"):
-        return "mlx"
-    if importlib.util.find_spec("torch"):
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                return "torch"
-        except Exception:  # a broken CUDA install must not stop the daemon
-            log.warning("torch present but CUDA probe failed", exc_info=True)
-    if importlib.util.find_spec("llama_cpp"):
-        return "llamacpp"
-    return "torch"
+    return choose_backend(model_format(model_path), probe_machine())

@@ -262,7 +262,7 @@ class ModelManager:
         want = num_ctx if num_ctx is not None else _model_num_ctx(record) or s.context_length
         if record.context_length:
             want = min(want, record.context_length)
-        backend = s.backend if s.backend != "auto" else auto_backend()
+        backend = s.backend if s.backend != "auto" else auto_backend(record.path)
         # Monolithic prefill puts a whole prompt in one forward: the backend's step limit must cover the window.
         step_cap = max(want, s.max_batched_tokens) if s.prefill == "monolithic" else s.max_batched_tokens
         rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,

@@ -140,7 +140,11 @@ class RunnerSettings:
     kv_memory_fraction: float = 0.9  # of free device memory, GPU only
     context_length: int | None = None  # num_ctx cap per sequence; None = the model's trained window
     max_num_batched_tokens: int = 2048  # largest step the engine will ask for (n_batch / n_ubatch)
-    device: str = "auto"  # torch: auto | cpu | cuda | cuda:N | mps
+    device: str = "auto"  # torch: auto | cpu | cuda | cuda:N | mps; llama.cpp: cpu = no offload
+    # Ollama's load-time GPU options: num_gpu = layers to offload (None or < 0: as many as fit, 0: CPU only);
+    # main_gpu = which GPU (llama.cpp: the whole model on that one; torch: cuda:N)
+    num_gpu: int | None = None
+    main_gpu: int | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     num_threads: int | None = None  # None = physical cores
     # llama.cpp: auto | on | off. Its CPU flash-attention kernel rounds Q.K through f16, so logits then
@@ -181,6 +185,7 @@ class Runner(abc.ABC):
     device: Any = "cpu"  # where it computes: str(device) starting with "cpu" gives the engine CPU defaults
     kv_layout: str | None = None  # how the KV is laid out, where a backend has a choice (llama.cpp: streams | unified)
     kv_types: tuple[str, str] | None = None  # (K, V) element type names, where a backend reports them
+    vram_bytes: int | None = None  # weights + KV in GPU memory (/api/ps size_vram); None: by `device`
 
     @abc.abstractmethod
     def step(self, batch: Batch) -> np.ndarray:

@@ -55,3 +55,35 @@ def probe_machine() -> Machine:
     found = lambda name: importlib.util.find_spec(name) is not None  # noqa: E731
     return Machine(apple_silicon=apple, has_mlx=apple and found("mlx"), has_torch=found("torch"),
                    has_llamacpp=found("llama_cpp"))
+
+
+_vram: dict[str, int] = {}
+
+
+def total_vram(backend: str) -> int:
+    """Total memory of the GPU(s) `backend` would use (0 without one): Ollama's default window keys on it. llama.cpp:
+    the devices it offloads to; torch: CUDA device 0; MLX: Metal's recommended working set. Cached per process."""
+    if backend not in _vram:
+        _vram[backend] = _probe_vram(backend)
+    return _vram[backend]
+
+
+def _probe_vram(backend: str) -> int:
+    try:
+        if backend == "llamacpp":
+            from .llamacpp.devices import offload_devices, supports_gpu_offload
+
+            return sum(d.total for d in offload_devices()) if supports_gpu_offload() else 0
+        if backend == "torch":
+            import torch
+
+            return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
+        if backend == "mlx":
+            import mlx.core as mx
+
+            return int(mx.metal.device_info().get("max_recommended_working_set_size", 0)) if mx.metal.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken driver means no GPU to size for, not a failed load
+        import logging
+
+        logging.getLogger(__name__).warning("could not read %s's GPU memory", backend, exc_info=True)
+    return 0

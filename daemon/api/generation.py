@@ -64,8 +64,8 @@ async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Respo
     plan = kind.plan(req)
     ctx = request.app.state.ctx
     if plan.load_only:
-        return JSONResponse(await _load_only(ctx, kind, req.model, plan.keep_alive))
-    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx)
+        return JSONResponse(await _load_only(ctx, kind, req.model, plan.keep_alive, plan.gpu))
+    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=plan.gpu)
     try:
         prep = await ctx.workers.run(request, kind.prepare, lease.model, req, *plan.args)
         chunks = await engine_stream(request, lease, prep, kind.endpoint, t0)
@@ -78,14 +78,15 @@ async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Respo
     return streamed(kind.wire, reply.stream(chunks.pieces()), chunks.close)
 
 
-async def _load_only(ctx: Any, kind: Generate, name: str, keep_alive: float | None) -> dict[str, Any]:
+async def _load_only(ctx: Any, kind: Generate, name: str, keep_alive: float | None,
+                     gpu: Any = None) -> dict[str, Any]:
     """Empty prompt/messages: load the model (done_reason "load"), or unload it with keep_alive 0."""
     assert kind.loaded is not None  # only Ollama's plans ask for it, and its endpoints say how to answer
     record = ctx.manager.resolve(name)
     if keep_alive == 0:
         await ctx.manager.unload(record.name)
         return kind.loaded(name, "unload")
-    lease = await ctx.manager.acquire(name, keep_alive=keep_alive)
+    lease = await ctx.manager.acquire(name, keep_alive=keep_alive, gpu=gpu)
     lease.release()
     return kind.loaded(name, "load")
 
@@ -96,7 +97,7 @@ async def embed(request: Request, kind: Embed, req: Any, t0: int) -> Response:
         return answer
     plan = kind.plan(req)
     ctx = request.app.state.ctx
-    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx)
+    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=plan.gpu)
     vectors, tokens = [], 0
     try:
         for text in plan.inputs:

@@ -152,7 +152,7 @@ class RunnerSettings:
     flash_attention: str = "auto"
     # llama.cpp KV element type (Ollama's OLLAMA_KV_CACHE_TYPE): auto | f16 | q8_0 | q4_0. A quantized type applies
     # to K always and to V only with flash attention on (llama.cpp's rule); "f16" leaves the type to `dtype`;
-    # auto = a q8_0 K on a CPU-only build (see LlamaCppRunner._kv_types), f16 on a GPU.
+    # auto = a q8_0 K when no layer is on a GPU (see LlamaCppRunner._kv_types), f16 on a GPU.
     kv_cache_type: str = "auto"  # one of KV_CACHE_TYPES
     # llama.cpp KV layout: auto | streams | unified; None = the EVENFLOW_LLAMACPP_KV environment variable (auto)
     kv_layout: str | None = None

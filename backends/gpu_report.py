@@ -87,7 +87,9 @@ def gather(probe_torch: bool = True) -> Report:
     if info.installed:
         try:
             from .llamacpp.devices import list_devices, supports_gpu_offload
+            from .llamacpp.rpc import add_servers_from_env
 
+            add_servers_from_env()
             r.llama_offload = supports_gpu_offload()
             r.llama_devices = [f"{d.name} ({d.description}, {d.kind}, {d.free / GiB:.1f}/{d.total / GiB:.1f} GiB free)"
                                for d in list_devices()]

@@ -38,24 +38,6 @@ def ensure_backend() -> None:
         L.llama_log_set(_log_callback, ctypes.c_void_p(0))
         L.llama_backend_init()
         _initialised = True
-    for endpoint in filter(None, (e.strip() for e in os.environ.get(RPC_ENV, "").split(","))):
-        _add_rpc_server(endpoint)
-
-
-RPC_ENV = "EVENFLOW_LLAMACPP_RPC"  # host:port[,host:port]: llama.cpp RPC servers whose devices models offload to
-_rpc_added: set[str] = set()
-
-
-def _add_rpc_server(endpoint: str) -> None:
-    """Register an RPC server's devices once per process (llama.cpp's --rpc); they are offloaded to like GPUs."""
-    with _init_lock:
-        if endpoint in _rpc_added:
-            return
-        _rpc_added.add(endpoint)
-    from .rpc import add_server
-
-    devices = add_server(endpoint)
-    log.info("llama.cpp RPC server %s: %s", endpoint, ", ".join(f"{d.name} ({d.description})" for d in devices))
 
 
 def take_recent_errors() -> str:

@@ -10,6 +10,7 @@ from ..base import RunnerSettings
 from ..common.gpu_plan import ModelFootprint, compute_buffer_bytes, plan_offload
 from .devices import Device, device_array, offload_devices, supports_gpu_offload  # noqa: F401 (device_array: runner)
 from .gguf_info import GGUFHeader
+from .rpc import add_servers_from_env
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ def place(header: GGUFHeader, settings: RunnerSettings, kv_bytes_per_token: floa
           devices: list[Device] | None = None) -> Placement:
     """The placement for this model on this machine; `devices` defaults to llama.cpp's offload devices."""
     want = requested_layers(settings)
+    add_servers_from_env()  # RPC servers are devices too, once registered
     if want == 0 or not supports_gpu_offload():
         if want not in (None, 0) and want > 0:
             log.warning("num_gpu=%d asked for, but this llama.cpp build cannot offload (CPU only): running on the CPU",

@@ -14,6 +14,8 @@ import sys
 from .devices import Device, lib_dir, list_devices
 
 _rpc: ctypes.CDLL | None = None
+RPC_ENV = "EVENFLOW_LLAMACPP_RPC"  # host:port[,host:port]: RPC servers whose devices models offload to (llama.cpp's --rpc)
+_added: set[str] = set()
 
 
 def available() -> bool:
@@ -52,6 +54,19 @@ def add_server(endpoint: str) -> list[Device]:
     g.ggml_backend_register.argtypes, g.ggml_backend_register.restype = [ctypes.c_void_p], None
     g.ggml_backend_register(reg)
     return [d for d in list_devices() if d.handle not in before]
+
+
+def add_servers_from_env() -> None:
+    """Register the servers EVENFLOW_LLAMACPP_RPC names, once per process (before devices are listed)."""
+    import logging
+
+    for endpoint in filter(None, (e.strip() for e in os.environ.get(RPC_ENV, "").split(","))):
+        if endpoint in _added:
+            continue
+        _added.add(endpoint)
+        devices = add_server(endpoint)
+        logging.getLogger(__name__).info("llama.cpp RPC server %s: %s", endpoint,
+                                         ", ".join(f"{d.name} ({d.description})" for d in devices))
 
 
 def serve(endpoint: str, threads: int | None = None) -> None:

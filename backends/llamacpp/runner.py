@@ -246,18 +246,23 @@ class LlamaCppRunner(Runner):
         does everywhere."""
         base, quant = _KV_TYPES[settings.dtype], settings.kv_cache_type
         if quant == "auto":
-            cpu = not L.llama_supports_gpu_offload()
+            cpu = self._cpu_only()
             quant = "q8_0" if cpu and settings.dtype == "auto" and head_dim % 32 == 0 else "f16"
         if quant == "f16":
             return base, base
         return quant, quant if self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"] else base
 
-    @staticmethod
-    def _flash_attn_type(choice: str) -> int:
-        """auto = off on a CPU-only build: its flash-attention kernel costs ~10x more per attended key for a
+    def _cpu_only(self) -> bool:
+        """No layer on a GPU: the placement's word once made (num_gpu 0 on a GPU build too), else the build's."""
+        placement = getattr(self, "placement", None)
+        return placement.gpu_layers == 0 if placement is not None else not L.llama_supports_gpu_offload()
+
+    def _flash_attn_type(self, choice: str) -> int:
+        """auto = off when no layer is on a GPU (a CPU-only build, or num_gpu 0): the CPU flash-attention kernel costs ~10x more per attended key for a
         small chunk deep into a long prompt (measured: a 16-token chunk at 2.9k context took 601 ms with it,
-        109 ms without), and chunked prefill is made of exactly such steps. GPU builds keep llama.cpp's auto."""
-        if choice == "auto" and not L.llama_supports_gpu_offload():
+        109 ms without), and chunked prefill is made of exactly such steps. A model on a GPU keeps llama.cpp's auto:
+        on where the device's kernels have it (CUDA, Metal)."""
+        if choice == "auto" and self._cpu_only():
             return _FLASH_ATTN["off"]
         return _FLASH_ATTN[choice]
 

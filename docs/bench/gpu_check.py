@@ -99,9 +99,13 @@ def build(llama_src: Path, work: Path, cuda: bool) -> dict:
         args += ["-G", "Ninja"]
     if cuda:
         args += ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=native"]
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(out), "-j", str(os.cpu_count() or 2), "--target", "llama", "ggml",
-                    "llama-server"], check=True, stdout=subprocess.DEVNULL)
+    log = work / "build.log"
+    with open(log, "ab") as f:
+        for cmd in (args, ["cmake", "--build", str(out), "-j", str(os.cpu_count() or 2), "--target", "llama", "ggml",
+                           "llama-server"]):
+            if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode:
+                tail = log.read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"{' '.join(cmd[:3])} failed (log {log}):\n{tail}")
     bin_dir = out / "bin"
     return {"lib_dir": str(bin_dir), "llama_server": str(bin_dir / "llama-server"), "cuda": cuda}
 
@@ -154,7 +158,7 @@ def evenflow_server(gguf: Path, work: Path, ctx: int, env: dict) -> dict:
 
     store = work / "store"
     daemon_env = {**env, "OLLAMA_MODELS": str(store), "EVENFLOW_TARGET_ITL_MS": "50", "OLLAMA_CONTEXT_LENGTH": str(ctx),
-                  "OLLAMA_KEEP_ALIVE": "-1", "EVENFLOW_MAX_SEQS": "9"}
+                  "OLLAMA_KEEP_ALIVE": "-1", "EVENFLOW_MAX_SEQS": "5"}  # llama-server's 5 slots
     with serve_daemon(daemon_env, str(work / "gpu_check_daemon.log")) as url:  # an absolute name: the log goes there
         import_model(url, gguf)
         import httpx

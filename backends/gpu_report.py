@@ -102,6 +102,10 @@ def gather(probe_torch: bool = True) -> Report:
     if r.nvidia_gpus and info.installed and info.gpu != "cuda":
         r.warnings.append(f"an NVIDIA GPU is present but llama.cpp was built for {info.gpu or 'the CPU'}: GGUF "
                           f"models will not use the GPU. Fix: {rebuild_command('cuda', info.version)}")
+    if r.nvidia_gpus and r.torch.endswith("(CPU)"):
+        r.warnings.append("an NVIDIA GPU is present but torch is a CPU build: HF models will run on the CPU. Fix: "
+                          f"{sys.executable} -m pip install --force-reinstall torch --index-url "
+                          "https://download.pytorch.org/whl/cu124")
     if platform.system() == "Darwin" and platform.machine() == "arm64" and info.installed and info.gpu != "metal":
         r.warnings.append(f"llama.cpp was built without Metal: fix: {rebuild_command('metal', info.version)}")
     if info.installed and not info.mtmd:

@@ -34,6 +34,13 @@ def test_a_cpu_build_beside_an_nvidia_gpu_is_a_warning_with_the_fix(fake_gpu):
     assert any(line.startswith("  device CPU (") for line in r.lines())
 
 
+def test_a_cpu_torch_beside_an_nvidia_gpu_is_a_warning(fake_gpu):
+    r = gpu_report.gather(probe_torch=True)
+    if not r.torch.endswith("(CPU)"):
+        pytest.skip(f"torch here: {r.torch or 'absent'}")
+    assert any("torch is a CPU build" in w and "download.pytorch.org/whl/cu124" in w for w in r.warnings)
+
+
 def test_no_gpu_no_warning_about_it(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     r = gpu_report.gather(probe_torch=False)

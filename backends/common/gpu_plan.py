@@ -92,14 +92,15 @@ def plan_offload(fp: ModelFootprint, *, free_bytes: int, requested_layers: int |
         need = fp.weights_on_device(k) + per_layer_kv * fp.blocks_on_device(k) * min_kv_tokens
         return need <= usable
 
-    cap = fp.all_layers if requested_layers is None or requested_layers < 0 else min(requested_layers, fp.all_layers)
+    asked = requested_layers is not None and requested_layers >= 0
+    cap = min(requested_layers, fp.all_layers) if asked else fp.all_layers
     k = cap
     while k > 0 and not fits(k):
         k -= 1
     warning = None
     if k < cap:
         warning = (f"the model does not fit the GPU's free memory ({free_bytes / GiB:.1f} GiB free): "
-                   f"{k} of {fp.all_layers} layers offloaded{f' (num_gpu asked {cap})' if requested_layers is not None and requested_layers >= 0 else ''}, "
+                   f"{k} of {fp.all_layers} layers offloaded{f' (num_gpu asked {cap})' if asked else ''}, "
                    "the rest runs on the CPU")
     blocks_dev = fp.blocks_on_device(k)
     blocks_host = fp.n_layers - blocks_dev

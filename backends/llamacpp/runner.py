@@ -258,10 +258,10 @@ class LlamaCppRunner(Runner):
         return placement.gpu_layers == 0 if placement is not None else not L.llama_supports_gpu_offload()
 
     def _flash_attn_type(self, choice: str) -> int:
-        """auto = off when no layer is on a GPU (a CPU-only build, or num_gpu 0): the CPU flash-attention kernel costs ~10x more per attended key for a
-        small chunk deep into a long prompt (measured: a 16-token chunk at 2.9k context took 601 ms with it,
-        109 ms without), and chunked prefill is made of exactly such steps. A model on a GPU keeps llama.cpp's auto:
-        on where the device's kernels have it (CUDA, Metal)."""
+        """auto = off when no layer is on a GPU (a CPU-only build, or num_gpu 0): the CPU flash-attention kernel
+        costs ~10x more per attended key for a small chunk deep into a long prompt (measured: a 16-token chunk at
+        2.9k context took 601 ms with it, 109 ms without), and chunked prefill is made of exactly such steps. A
+        model on a GPU keeps llama.cpp's auto: on where the device's kernels have it (CUDA, Metal)."""
         if choice == "auto" and self._cpu_only():
             return _FLASH_ATTN["off"]
         return _FLASH_ATTN[choice]

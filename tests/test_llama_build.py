@@ -87,3 +87,14 @@ def test_a_bad_variant_is_refused(tmp_path):
     e = {**os.environ, "EVENFLOW_LLAMA_VARIANT": "rocm"}
     r = subprocess.run(["bash", str(ROOT / "packaging" / "dev.sh"), "llama-plan"], capture_output=True, text=True, env=e)
     assert r.returncode == 2 and "EVENFLOW_LLAMA_VARIANT=rocm: expected cpu, cuda or metal" in r.stderr
+
+
+def test_build_info_follows_llama_cpp_lib_path(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for name in CUDA:
+        (libs / name).write_bytes(b"")
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(libs))  # llama_cpp loads its libraries from there
+    info = read()
+    assert info.lib_dir == str(libs) and info.variant == "cuda+mtmd"

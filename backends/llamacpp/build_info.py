@@ -40,13 +40,17 @@ class BuildInfo:
 
 
 def read(package_dir: str | None = None) -> BuildInfo:
-    """The build in `package_dir` (a `llama_cpp` folder), else the one Python would import."""
+    """The build in `package_dir` (a `llama_cpp` folder), else the one Python would import (with its libraries
+    from LLAMA_CPP_LIB_PATH when that is set, as llama_cpp does)."""
+    explicit = package_dir
     if package_dir is None:
         spec = importlib.util.find_spec("llama_cpp")
         if spec is None or not spec.origin:
             return BuildInfo(False, "", "", (), False)
         package_dir = os.path.dirname(spec.origin)
     lib_dir = os.path.join(package_dir, "lib")
+    if explicit is None and os.environ.get("LLAMA_CPP_LIB_PATH"):  # llama_cpp loads its libraries from there then
+        lib_dir = os.environ["LLAMA_CPP_LIB_PATH"]
     names = os.listdir(lib_dir) if os.path.isdir(lib_dir) else os.listdir(package_dir)
     found = {m.group(1) for m in map(_LIB.match, names) if m}
     backends = tuple(sorted(n[len("ggml-"):] for n in found if n.startswith("ggml-") and n != "ggml-base"))

@@ -61,8 +61,13 @@ def importable(work: Path) -> Path:
     return pp
 
 
+ONLY: set[str] = set()  # --only: the measuring parts to run (source, build and model always run; they are cached)
+
+
 def part(results: dict, name: str, fn: Callable[[], Any]) -> Any:
     """Run one part, record its result or its error and its time; never raises."""
+    if ONLY and name not in ONLY | {"source", "build", "model"}:
+        return None
     t0 = time.time()
     print(f"== {name}", flush=True)
     try:
@@ -183,7 +188,8 @@ def llama_server_rows(gguf: Path, built: dict | None, ctx: int, env: dict, work:
 
     port = free_port()
     cmd = [built["llama_server"], "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", "5",
-           "-c", str(ctx * 5), "-b", "2048", "-ub", "512", "-ngl", "999"]
+           "-c", str(ctx * 5), "-b", "2048", "-ub", "512", "-ngl", "999",
+           "--no-repack"]  # as evenflow's default (and llama_server.py): AMX repacking faults (SIGILL) on some VMs
     with open(work / "gpu_check_llama_server.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env={**env, "LD_LIBRARY_PATH": built["lib_dir"]})
@@ -260,7 +266,7 @@ CFG: dict = FULL
 
 
 def main(argv: list[str] | None = None) -> int:
-    global CFG
+    global CFG, ONLY
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sdist", required=True, type=Path, help="llama_cpp_python-<version>.tar.gz (the installed version)")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "evenflow-gpu-check")
@@ -268,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build", action=argparse.BooleanOptionalAction, default=None,
                     help="build llama.cpp + llama-server from the sdist (default: yes, except with --cpu)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default docs/bench/gpu_check[_cpu].json)")
+    ap.add_argument("--only", default="", help="comma list of parts to (re)run: invariance, evenflow, llama_server, "
+                    "torch (the build and the model are reused from --work)")
     a = ap.parse_args(argv)
+    ONLY = {p.strip() for p in a.only.split(",") if p.strip()}
     CFG = TINY if a.cpu else FULL
     out = a.out or HERE / ("gpu_check_cpu.json" if a.cpu else "gpu_check.json")
     a.work.mkdir(parents=True, exist_ok=True)

@@ -182,10 +182,10 @@ class Runner(abc.ABC):
     # attention as (its tokens) x (tokens all sequences hold).
     shared_kv: bool = False
     max_batch_tokens: int | None = None  # the most tokens one step may carry; None = no limit of the runner's
+    vram_bytes: int | None = None  # weights + KV in GPU memory (/api/ps size_vram); None: by `device`
     device: Any = "cpu"  # where it computes: str(device) starting with "cpu" gives the engine CPU defaults
     kv_layout: str | None = None  # how the KV is laid out, where a backend has a choice (llama.cpp: streams | unified)
     kv_types: tuple[str, str] | None = None  # (K, V) element type names, where a backend reports them
-    vram_bytes: int | None = None  # weights + KV in GPU memory (/api/ps size_vram); None: by `device`
 
     @abc.abstractmethod
     def step(self, batch: Batch) -> np.ndarray:

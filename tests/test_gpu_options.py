@@ -77,3 +77,31 @@ def test_manager_passes_the_options_and_reloads_on_change(tmp_path):
         await mgr.shutdown()
 
     asyncio.run(run())
+
+
+def test_num_gpu_over_http(tmp_path, synthetic_model):
+    """Through /api/generate: a bad num_gpu is a 400 before any load; num_gpu 0 loads on the CPU (size_vram 0);
+    a changed num_gpu reloads the model."""
+    pytest.importorskip("llama_cpp")
+    import httpx
+
+    from api_harness import start_daemon, upload_model
+
+    d = start_daemon(tmp_path, backend="llamacpp", context_length="256")
+    try:
+        upload_model(d.url, synthetic_model("tiny", "llama", formats=("gguf",))["gguf"], "tiny")
+        with httpx.Client(base_url=d.url, timeout=120) as c:
+            r = c.post("/api/generate", json={"model": "tiny", "prompt": "hi", "options": {"num_gpu": "all"}})
+            assert r.status_code == 400 and "option 'num_gpu' must be an integer >= -1" in r.json()["error"]
+            assert c.get("/api/ps").json()["models"] == []  # refused before loading
+            body = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_gpu": 0, "num_predict": 2}}
+            assert c.post("/api/generate", json=body).status_code == 200
+            (ps,) = c.get("/api/ps").json()["models"]
+            assert ps["size_vram"] == 0 and ps["size"] > 0
+            loads = d.ctx.manager.models["tiny:latest"]
+            body["options"]["num_gpu"] = 5
+            assert c.post("/api/generate", json=body).status_code == 200
+            assert d.ctx.manager.models["tiny:latest"] is not loads  # reloaded with the new option
+            assert d.ctx.manager.models["tiny:latest"].gpu == GpuOptions(5, None)
+    finally:
+        d.stop()

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import APIError
-from ..manager import GpuOptions
-from .options import ollama_logprobs, parse_keep_alive, requested_gpu, requested_num_ctx
+from .options import ollama_logprobs, parse_keep_alive, requested_num_ctx
 from .schemas import (ChatCompletionRequest, ChatRequest, CompletionRequest, EmbeddingRequest, EmbeddingsRequest,
                       EmbedRequest, GenerateRequest, OAIMessage)
 
@@ -23,7 +22,6 @@ class Plan:
     num_ctx: int | None = None
     args: tuple[Any, ...] = ()  # the prepare step's arguments after the model and the request
     load_only: bool = False  # Ollama's empty prompt or messages: load the model (unload it with keep_alive 0)
-    gpu: GpuOptions | None = None  # Ollama's num_gpu / main_gpu (load-time options)
 
 
 @dataclass
@@ -34,7 +32,6 @@ class EmbedPlan:
     truncate: bool = True  # cut an input to the window (else a 400)
     keep_alive: float | None = None
     num_ctx: int | None = None
-    gpu: GpuOptions | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -47,8 +44,7 @@ def generate(req: GenerateRequest) -> Plan:
     if req.images:
         raise APIError(400, f"model '{req.model}' does not support images (no vision models yet)")
     keep_alive, num_ctx = parse_keep_alive(req.keep_alive), requested_num_ctx(req.options)
-    return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.prompt and not req.suffix,
-                gpu=requested_gpu(req.options))
+    return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.prompt and not req.suffix)
 
 
 def chat(req: ChatRequest) -> Plan:
@@ -56,8 +52,7 @@ def chat(req: ChatRequest) -> Plan:
     keep_alive, num_ctx = parse_keep_alive(req.keep_alive), requested_num_ctx(req.options)
     if req.messages and any(m.images for m in req.messages):
         raise APIError(400, f"model '{req.model}' does not support images (no vision models yet)")
-    return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.messages,
-                gpu=requested_gpu(req.options))
+    return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.messages)
 
 
 def embed_inputs(req: EmbedRequest) -> list[str]:
@@ -77,13 +72,13 @@ def embed_inputs(req: EmbedRequest) -> list[str]:
 def embed(req: EmbedRequest) -> EmbedPlan:
     inputs = embed_inputs(req)
     return EmbedPlan(inputs, req.truncate is not False, parse_keep_alive(req.keep_alive),
-                     requested_num_ctx(req.options), requested_gpu(req.options))
+                     requested_num_ctx(req.options))
 
 
 def embeddings(req: EmbeddingsRequest) -> EmbedPlan:
     """Legacy /api/embeddings: one prompt; an empty one still loads the model."""
     return EmbedPlan([req.prompt] if req.prompt else [], True, parse_keep_alive(req.keep_alive),
-                     requested_num_ctx(req.options), requested_gpu(req.options))
+                     requested_num_ctx(req.options))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -166,7 +166,11 @@ class RunnerSettings:
     kv_memory_fraction: float = 0.9  # of free device memory, GPU only
     context_length: int | None = None  # num_ctx cap per sequence; None = the model's trained window
     max_num_batched_tokens: int = 2048  # largest step the engine will ask for (n_batch / n_ubatch)
-    device: str = "auto"  # torch: auto | cpu | cuda | cuda:N | mps
+    device: str = "auto"  # torch: auto | cpu | cuda | cuda:N | mps; llama.cpp: cpu = no offload
+    # Ollama's load-time GPU options: num_gpu = layers to offload (None or < 0: as many as fit, 0: CPU only);
+    # main_gpu = which GPU (llama.cpp: the whole model on that one; torch: cuda:N)
+    num_gpu: int | None = None
+    main_gpu: int | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     num_threads: int | None = None  # None = physical cores
     # llama.cpp: auto | on | off. Its CPU flash-attention kernel rounds Q.K through f16, so logits then
@@ -174,7 +178,7 @@ class RunnerSettings:
     flash_attention: str = "auto"
     # llama.cpp KV element type (Ollama's OLLAMA_KV_CACHE_TYPE): auto | f16 | q8_0 | q4_0. A quantized type applies
     # to K always and to V only with flash attention on (llama.cpp's rule); "f16" leaves the type to `dtype`;
-    # auto = a q8_0 K on a CPU-only build (see LlamaCppRunner._kv_types), f16 on a GPU.
+    # auto = a q8_0 K when no layer is on a GPU (see LlamaCppRunner._kv_types), f16 on a GPU.
     kv_cache_type: str = "auto"  # one of KV_CACHE_TYPES
     # llama.cpp KV layout: auto | streams | unified; None = the EVENFLOW_LLAMACPP_KV environment variable (auto)
     kv_layout: str | None = None
@@ -205,6 +209,7 @@ class Runner(abc.ABC):
     # attention as (its tokens) x (tokens all sequences hold).
     shared_kv: bool = False
     max_batch_tokens: int | None = None  # the most tokens one step may carry; None = no limit of the runner's
+    vram_bytes: int | None = None  # weights + KV in GPU memory (/api/ps size_vram); None: by `device`
     device: Any = "cpu"  # where it computes: str(device) starting with "cpu" gives the engine CPU defaults
     kv_layout: str | None = None  # how the KV is laid out, where a backend has a choice (llama.cpp: streams | unified)
     kv_types: tuple[str, str] | None = None  # (K, V) element type names, where a backend reports them
@@ -311,29 +316,17 @@ def backend_names() -> list[str]:
 
 
 def load_runner(backend: str, model_path: str, settings: RunnerSettings) -> Runner:
-    """Load `model_path` (a GGUF file or an HF directory) with the named backend."""
+    """Load `model_path` (a GGUF file or an HF directory) with the named backend ("auto": by model, `auto_backend`)."""
     if backend == "auto":
-        backend = auto_backend()
+        backend = auto_backend(model_path)
     if backend not in _BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
     return _BACKENDS[backend]()(model_path, settings)
 
 
-def auto_backend() -> str:
-    """CUDA torch if a GPU is present, MLX on Apple Silicon, llama.cpp otherwise (torch as a fallback)."""
-    import importlib.util
-    import platform
+def auto_backend(model_path: str) -> str:
+    """Per model: a GGUF on llama.cpp (GPU offload where built for it), an HF folder on torch (CUDA or CPU) or
+    MLX on Apple Silicon (backends/choice.py)."""
+    from .choice import choose_backend, model_format, probe_machine
 
-    if platform.system() == "Darwin" and platform.machine() == "arm64" and importlib.util.find_spec("mlx"):
-        return "mlx"
-    if importlib.util.find_spec("torch"):
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                return "torch"
-        except Exception:  # a broken CUDA install must not stop the daemon
-            log.warning("torch present but CUDA probe failed", exc_info=True)
-    if importlib.util.find_spec("llama_cpp"):
-        return "llamacpp"
-    return "torch"
+    return choose_backend(model_format(model_path), probe_machine())

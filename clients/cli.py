@@ -123,6 +123,9 @@ def cmd_version(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    if args.check:
+        _check()
+        return
     from ..daemon.server import ServeError, serve  # noqa: PLC0415 - keeps the client commands light
 
     overrides = {}
@@ -138,6 +141,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
     except ServeError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def _check() -> None:
+    """`serve --check`: what the daemon would use on this machine; exit 1 when something needs fixing."""
+    from ..backends.gpu_report import gather  # noqa: PLC0415 - llama.cpp and torch only for this verb
+
+    report = gather()
+    print("\n".join(report.lines()))
+    sys.exit(1 if report.warnings else 0)
 
 
 def cmd_tui(args: argparse.Namespace) -> None:
@@ -162,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             s.add_argument(flag, default=None, metavar="VALUE", help=h)
     s.add_argument("--debug", action="store_true", help="debug logging")
+    s.add_argument("--check", action="store_true",
+                   help="print the llama.cpp build, the devices it sees, torch/MLX and what `auto` picks, then exit "
+                        "(1 when something needs fixing, e.g. an NVIDIA GPU with a CPU-only llama.cpp)")
     s.set_defaults(func=cmd_serve)
     sub.add_parser("list", aliases=["ls"], help="list models").set_defaults(func=cmd_list)
     sub.add_parser("ps", help="list loaded models").set_defaults(func=cmd_ps)

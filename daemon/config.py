@@ -248,8 +248,9 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "pending requests before 503 server busy (default 512)"),
     SettingSpec("origins", _twin("OLLAMA_ORIGINS"), _origins, "comma-separated origins, * wildcards",
                 "extra CORS origins allowed besides localhost/app/file/tauri/vscode"),
-    SettingSpec("context_length", _twin("OLLAMA_CONTEXT_LENGTH"), _int_min(1), "an integer >= 1",
-                "default num_ctx (default 4096; clamped to the model's trained context)"),
+    SettingSpec("context_length", _twin("OLLAMA_CONTEXT_LENGTH"), _int_min(0), "an integer >= 0",
+                "default num_ctx (0 = by the GPU's total memory as Ollama: 4096 under 24 GiB or without a GPU, "
+                "32768 up to 48 GiB, 262144 above; clamped to the model's trained context)"),
     SettingSpec("backend", ("EVENFLOW_BACKEND",), _choice("auto", "torch", "mlx", "llamacpp"),
                 "auto, torch, mlx or llamacpp", "model runner backend"),
     SettingSpec("device", ("EVENFLOW_DEVICE",), lambda s: s.strip() or "auto", "auto, cpu, cuda, cuda:N or mps",
@@ -343,7 +344,7 @@ class Settings:
     max_loaded_models: int = 0
     max_queue: int = 512
     origins: list[str] = field(default_factory=list)
-    context_length: int = 4096
+    context_length: int = 0  # 0 = by total VRAM (backends/common/gpu_plan.default_context_length)
     backend: str = "auto"
     device: str = "auto"
     prefill: str = "chunked"

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
+from ..backends.choice import total_vram
+from ..backends.common.gpu_plan import default_context_length
 from .config import FOREVER, Settings
 from .engine.engine import Engine, EngineConfig
 from .engine.kv_disk import DiskKVCache
@@ -76,6 +78,7 @@ class LoadedModel:
     load_duration_ns: int
     size: int
     backend: str
+    gpu: "GpuOptions" = field(default_factory=lambda: GpuOptions())  # the num_gpu / main_gpu it loaded with
     active: int = 0
     keep_alive: float = 300.0
     expires_at: float = math.inf  # unix seconds; inf while in use or forever
@@ -90,6 +93,31 @@ class LoadedModel:
     @property
     def trained_context(self) -> int:
         return int(self.runner.info.context_length)
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """Ollama's load-time GPU options: num_gpu (layers to offload; None or < 0 = as many as fit, 0 = CPU only) and
+    main_gpu (which GPU). A change reloads the model, as in Ollama (`needsReload`); None leaves the loaded choice."""
+
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+
+    def over(self, base: "GpuOptions") -> "GpuOptions":
+        """These options where set, else `base`'s (a request's over the model's PARAMETERs)."""
+        return GpuOptions(base.num_gpu if self.num_gpu is None else self.num_gpu,
+                          base.main_gpu if self.main_gpu is None else self.main_gpu)
+
+    def reloads(self, loaded: "GpuOptions") -> bool:
+        """Whether a model loaded with `loaded` must reload to honour these (num_gpu < 0 means auto: never)."""
+        return ((self.num_gpu is not None and self.num_gpu >= 0 and self.num_gpu != loaded.num_gpu)
+                or (self.main_gpu is not None and self.main_gpu != loaded.main_gpu))
+
+
+def _model_gpu(record: ModelRecord) -> GpuOptions:
+    """The model's PARAMETER num_gpu / main_gpu."""
+    pick = lambda k: record.params.get(k) if isinstance(record.params.get(k), int) else None  # noqa: E731
+    return GpuOptions(pick("num_gpu"), pick("main_gpu"))
 
 
 def _model_num_ctx(record: ModelRecord) -> int | None:
@@ -152,7 +180,8 @@ class ModelManager:
         for m in self.models.values():
             m.engine.subscribe(fn)
 
-    async def acquire(self, name: str, *, keep_alive: float | None = None, num_ctx: int | None = None) -> Lease:
+    async def acquire(self, name: str, *, keep_alive: float | None = None, num_ctx: int | None = None,
+                      gpu: GpuOptions | None = None) -> Lease:
         """Resolve, load if needed (shared), and hold `name`; a ManagerError (or the resolver's) on failure."""
         if self._closing:
             raise ShuttingDown("server is shutting down")
@@ -168,7 +197,7 @@ class ModelManager:
         self._pending += 1
         t0 = time.perf_counter_ns()
         try:
-            model = await self._get_loaded(record, num_ctx)
+            model = await self._get_loaded(record, num_ctx, (gpu or GpuOptions()).over(_model_gpu(record)))
         finally:
             self._pending -= 1
         model.active += 1
@@ -212,7 +241,7 @@ class ModelManager:
             await asyncio.to_thread(self.kv_disk.close, 60)
 
     # ---- internals ----
-    async def _get_loaded(self, record: ModelRecord, num_ctx: int | None) -> LoadedModel:
+    async def _get_loaded(self, record: ModelRecord, num_ctx: int | None, gpu: GpuOptions) -> LoadedModel:
         while True:
             fut = self._loading.get(record.name)
             if fut is not None:
@@ -224,19 +253,21 @@ class ModelManager:
                 # template, system and parameters; running requests keep what they were prepared with.
                 log.info("%s was re-created: the loaded copy takes its new template and parameters", record.name)
                 model.record = record
-            if model is not None and not self._needs_reload(model, num_ctx) and model.record.path == record.path:
+            if (model is not None and not self._needs_reload(model, num_ctx) and not gpu.reloads(model.gpu)
+                    and model.record.path == record.path):
                 return model
             fut = asyncio.get_running_loop().create_future()
             self._loading[record.name] = fut
             try:
                 if model is not None:  # a bigger num_ctx or new weights: wait for its requests, then reload
-                    log.info("reloading %s (num_ctx=%s, loaded with %d; weights %s)", record.name, num_ctx,
-                             model.context_length, "changed" if model.record.path != record.path else "unchanged")
+                    log.info("reloading %s (num_ctx=%s, loaded with %d; %s, loaded with %s; weights %s)", record.name,
+                             num_ctx, model.context_length, gpu, model.gpu,
+                             "changed" if model.record.path != record.path else "unchanged")
                     while model.active:
                         await asyncio.sleep(0.02)
                     await self._drop(model)
                 await self._make_room()
-                loaded = await self._load(record, num_ctx)
+                loaded = await self._load(record, num_ctx, gpu)
                 self.models[record.name] = loaded
                 fut.set_result(loaded)
                 return loaded
@@ -264,16 +295,19 @@ class ModelManager:
             else:
                 await asyncio.sleep(0.05)
 
-    async def _load(self, record: ModelRecord, num_ctx: int | None) -> LoadedModel:
+    async def _load(self, record: ModelRecord, num_ctx: int | None, gpu: GpuOptions) -> LoadedModel:
         s = self.settings
+        backend = s.backend if s.backend != "auto" else auto_backend(record.path)
         want = num_ctx if num_ctx is not None else _model_num_ctx(record) or s.context_length
+        if not want:  # Ollama's default window by total VRAM (reference/ollama-api.md, num_ctx)
+            want = default_context_length(await asyncio.to_thread(total_vram, backend) if gpu.num_gpu != 0 else 0)
         if record.context_length:
             want = min(want, record.context_length)
-        backend = s.backend if s.backend != "auto" else auto_backend()
         # Monolithic prefill puts a whole prompt in one forward: the backend's step limit must cover the window.
         step_cap = max(want, s.max_batched_tokens) if s.prefill == "monolithic" else s.max_batched_tokens
         rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,
-                            device=s.device, num_threads=s.num_threads or None,
+                            device=_device(backend, s.device, gpu), num_threads=s.num_threads or None,
+                            num_gpu=gpu.num_gpu, main_gpu=gpu.main_gpu,
                             kv_memory_fraction=s.gpu_kv_fraction, kv_layout=s.llamacpp_kv,
                             flash_attention=s.flash_attention, kv_cache_type=s.kv_cache_type,
                             projector_path=record.projector if backend == "llamacpp" else None)
@@ -302,7 +336,7 @@ class ModelManager:
         await asyncio.to_thread(engine.warm_disk_cache)
         engine.start()
         model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, _memory_size(record, runner),
-                            backend)
+                            backend, gpu)
         for fn in self._listeners:
             engine.subscribe(fn)
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
@@ -385,6 +419,25 @@ def public_text(text: str, model_path: str) -> str:
     else:  # a materialised HF folder: its files by their own names
         text = text.replace(model_path.rstrip("/\\") + os.sep, "").replace(model_path, "the model folder")
     return _BLOB_PATH.sub(lambda m: "sha256:" + m.group(1).lower(), text)
+
+
+def _device(backend: str, device: str, gpu: GpuOptions) -> str:
+    """torch's device for Ollama's options: num_gpu 0 = the CPU, main_gpu N = cuda:N (torch runs a model whole:
+    any other num_gpu means the GPU). llama.cpp reads num_gpu / main_gpu itself."""
+    if backend != "torch" or device != "auto":
+        return device
+    if gpu.num_gpu == 0:
+        return "cpu"
+    return f"cuda:{gpu.main_gpu}" if gpu.main_gpu is not None else device
+
+
+def vram_size(model: LoadedModel) -> int:
+    """Bytes of the model in GPU memory (/api/ps size_vram): the runner's own count where it keeps one (llama.cpp:
+    offloaded weights + their KV), else all of it on a CUDA or Metal device, else 0."""
+    vram = model.runner.vram_bytes
+    if vram is None:
+        return model.size if str(model.runner.device).startswith(("cuda", "mps", "gpu")) else 0
+    return min(int(vram), model.size)
 
 
 def _memory_size(record: ModelRecord, runner: Runner) -> int:

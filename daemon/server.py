@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 import uvicorn
 from fastapi import FastAPI
 
+from ..backends import gpu_report
 from . import memory
 from .api import events as events_api
 from .api import anthropic, ollama, openai, responses
@@ -197,6 +198,7 @@ def serve(settings: Settings, log_level: str = "info") -> None:
     if refusal:
         raise ServeError(refusal)
     sock = bind_socket(settings)
+    gpu_report.log_report()  # the llama.cpp build, its devices, an NVIDIA GPU it would leave unused
     app = create_app(settings)
     tls = {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)} if settings.tls_cert else {}
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10, access_log=False, **tls)

@@ -1,4 +1,5 @@
-"""`auto` picks the backend the machine suits: CUDA torch, MLX on Apple Silicon, llama.cpp otherwise."""
+"""`auto` picks a backend per model: a GGUF on llama.cpp everywhere, an HF folder on torch (CUDA or CPU) or MLX on
+Apple Silicon."""
 from __future__ import annotations
 
 import importlib.util
@@ -7,6 +8,10 @@ import platform
 import pytest
 
 from evenflow.backends.base import RunnerSettings, auto_backend, backend_names, load_runner
+from evenflow.backends.choice import Machine, choose_backend, model_format
+
+LINUX_GPU = Machine(apple_silicon=False, has_mlx=False, has_torch=True, has_llamacpp=True)
+MAC = Machine(apple_silicon=True, has_mlx=True, has_torch=True, has_llamacpp=True)
 
 
 def test_registered_backends():
@@ -15,13 +20,41 @@ def test_registered_backends():
         load_runner("tensorrt", "x.gguf", RunnerSettings())
 
 
-@pytest.mark.skipif(platform.system() == "Darwin", reason="Apple Silicon picks MLX")
-def test_auto_picks_llamacpp_on_a_cpu_only_machine():
-    import torch
+@pytest.mark.parametrize("machine", [LINUX_GPU, MAC], ids=["cuda-or-cpu", "apple-silicon"])
+def test_a_gguf_runs_on_llamacpp_on_every_machine(machine):
+    assert choose_backend("gguf", machine) == "llamacpp"
 
-    if torch.cuda.is_available():
-        assert auto_backend() == "torch"
-    elif importlib.util.find_spec("llama_cpp"):
-        assert auto_backend() == "llamacpp"
-    else:
-        assert auto_backend() == "torch"
+
+def test_an_hf_folder_runs_on_torch_or_mlx():
+    assert choose_backend("safetensors", LINUX_GPU) == "torch"  # torch takes CUDA when it sees a GPU, else the CPU
+    assert choose_backend("safetensors", MAC) == "mlx"
+    intel_mac = Machine(apple_silicon=False, has_mlx=False, has_torch=True, has_llamacpp=True)
+    assert choose_backend("safetensors", intel_mac) == "torch"
+    mac_without_mlx = Machine(apple_silicon=True, has_mlx=False, has_torch=True, has_llamacpp=True)
+    assert choose_backend("safetensors", mac_without_mlx) == "torch"
+
+
+def test_missing_packages_fall_back_to_what_is_installed():
+    only_torch = Machine(apple_silicon=False, has_mlx=False, has_torch=True, has_llamacpp=False)
+    assert choose_backend("gguf", only_torch) == "torch"  # torch reads the GGUFs of the architectures it knows
+    only_llamacpp = Machine(apple_silicon=False, has_mlx=False, has_torch=False, has_llamacpp=True)
+    assert choose_backend("safetensors", only_llamacpp) == "llamacpp"  # which says it wants a GGUF file
+
+
+def test_model_format_reads_the_file(tmp_path, synthetic_model):
+    paths = synthetic_model("tiny", "llama", formats=("hf", "gguf"))
+    assert model_format(str(paths["gguf"])) == "gguf"
+    assert model_format(str(paths["hf"])) == "safetensors"
+    junk = tmp_path / "x.gguf"
+    junk.write_bytes(b"NOTGGUF")
+    assert model_format(str(junk)) == "unknown"
+    assert model_format(str(tmp_path / "missing")) == "unknown"
+
+
+@pytest.mark.skipif(platform.system() == "Darwin", reason="Apple Silicon picks MLX for an HF folder")
+def test_auto_backend_on_this_machine(synthetic_model):
+    paths = synthetic_model("tiny", "llama", formats=("hf", "gguf"))
+    if importlib.util.find_spec("llama_cpp"):
+        assert auto_backend(str(paths["gguf"])) == "llamacpp"  # even where torch sees a GPU
+    if importlib.util.find_spec("torch"):
+        assert auto_backend(str(paths["hf"])) == "torch"

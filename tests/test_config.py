@@ -14,7 +14,7 @@ from evenflow.daemon.config import (SETTINGS, ConfigError, keep_alive_seconds, l
 def test_defaults() -> None:
     s = load_settings({})
     assert (s.host.host, s.host.port, s.host.scheme) == ("127.0.0.1", 11434, "http")
-    assert s.keep_alive == 300.0 and s.max_queue == 512 and s.context_length == 4096
+    assert s.keep_alive == 300.0 and s.max_queue == 512 and s.context_length == 0  # 0 = by VRAM
     assert s.backend == "auto" and s.prefill == "chunked" and s.log_content is False
     assert s.loaded_model_limit == 3
 

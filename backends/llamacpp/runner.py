@@ -24,7 +24,7 @@ import llama_cpp.llama_cpp as L
 
 from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common.memory import host_kv_budget, plan_kv
-from . import amx, load_probe
+from . import amx, load_probe, offload
 from .embedder import Embedder
 from .gguf_info import GGUFHeader, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
@@ -59,13 +59,16 @@ def load(model_path: str, settings: RunnerSettings) -> "LlamaCppRunner":
     return runner
 
 
-def plan_kv_tokens(settings: RunnerSettings, ctx_len: int, bytes_per_token: int) -> tuple[int, int]:
+def plan_kv_tokens(settings: RunnerSettings, ctx_len: int, bytes_per_token: int, budget_bytes: int | None = None,
+                   dedicated: bool = False) -> tuple[int, int]:
     """(n_ctx of the unified cache, sequences): the engine's block budget, else the slots' full windows capped by
-    RAM (host memory is never a dedicated pool: auto slots are 8 here unless num_kv_blocks holds more)."""
+    `budget_bytes` (None: RAM; host memory is never a dedicated pool: auto slots are 8 there unless num_kv_blocks
+    holds more; a fully offloaded model's GPU memory is, offload.place)."""
     bs = settings.block_size
     blocks, seqs = plan_kv(requested_blocks=settings.num_kv_blocks, max_num_seqs=settings.max_num_seqs,
                            context_length=ctx_len, block_size=bs, block_bytes=max(bytes_per_token, 1) * bs,
-                           budget_bytes=host_kv_budget())
+                           budget_bytes=host_kv_budget() if budget_bytes is None else budget_bytes,
+                           dedicated_pool=dedicated)
     if settings.num_kv_blocks is None:  # a long chat fits even when RAM is short
         blocks = max(blocks, -(-min(ctx_len, MIN_KV_TOKENS) // bs))
     return blocks * bs, min(seqs, int(L.llama_max_parallel_sequences()))
@@ -127,21 +130,39 @@ class LlamaCppRunner(Runner):
         ensure_backend()
         self.n_threads = settings.num_threads or physical_cores()
         self.extra_bufts = amx.extra_bufts_enabled()
-        self._model = self._load_model(settings)
-        try:
-            self._setup(header, settings)
-        except BaseException:
-            self.close()
-            raise
+        placement: offload.Placement | None = offload.place(header, settings, self._kv_bytes(header, settings),
+                                                            host_kv_budget())
+        while True:  # a GPU that cannot hold the plan after all: a smaller one, never an out-of-memory crash
+            self.placement = placement
+            try:
+                self._model = self._load_model(settings)
+                self._setup(header, settings)
+                break
+            except ModelLoadError as e:
+                self.close()
+                placement = offload.smaller(placement, model_path) if offload.out_of_memory(str(e)) else None
+                if placement is None:
+                    raise
+            except BaseException:
+                self.close()
+                raise
+
+    def _kv_bytes(self, header: GGUFHeader, settings: RunnerSettings) -> float:
+        """KV bytes per token (all layers) at the types `_kv_types` will pick, before the model loads."""
+        info = model_info(header, 0, 0)
+        elem = sum(_GGML_TYPES[t][1] for t in self._kv_types(settings, key_head_dim(info, header))) / 2
+        return kv_bytes_per_token(info, header, elem)
 
     def _load_model(self, settings: RunnerSettings):
         mp = L.llama_model_default_params()
         mp.load_mode = L.LLAMA_LOAD_MODE_MMAP
         mp.use_extra_bufts = self.extra_bufts
-        if settings.device == "cpu":
-            mp.n_gpu_layers = 0
-        # The engine sizes its default latency target by this (a GPU build offloads layers by default).
-        self.device = "gpu" if L.llama_supports_gpu_offload() and mp.n_gpu_layers != 0 else "cpu"
+        mp.n_gpu_layers = self.placement.gpu_layers
+        devices = offload.device_array(self.placement.devices) if self.placement.devices else None
+        if devices is not None:  # main_gpu picks one; an RPC server added after start-up is named here too
+            mp.devices = ctypes.cast(devices, ctypes.c_void_p)
+        # The engine sizes its default latency target by this.
+        self.device = "gpu" if self.placement.gpu_layers else "cpu"
         model = L.llama_model_load_from_file(self.path.encode(), mp)
         if not model:
             reason = take_recent_errors() or "unsupported architecture or tensor layout"
@@ -164,7 +185,8 @@ class LlamaCppRunner(Runner):
         self.kv_types = self._kv_types(settings, head_dim)  # (K, V) type names
         elem = sum(_GGML_TYPES[t][1] for t in self.kv_types) / 2  # a quantized K (and V) leaves room for more
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
-                                                  kv_bytes_per_token(self.info, header, elem))
+                                                  kv_bytes_per_token(self.info, header, elem),
+                                                  self.placement.budget_bytes, self.placement.dedicated_pool)
         self.kv_layout = self._choose_layout(n_ctx, settings.kv_layout)
         self.shared_kv = self.kv_layout == "unified"
         # unified: spare sequence ids hold finished sequences' cells for the prefix cache (one per cached
@@ -188,14 +210,16 @@ class LlamaCppRunner(Runner):
         # llama.cpp clamps n_batch to n_ctx: a step can never carry more tokens than that
         self._alloc_batch(int(L.llama_n_batch(self._ctx)))
         self.max_batch_tokens = self._cap
+        self.vram_bytes = self.placement.vram_bytes(self.n_ctx)
         self._views: dict[int, type] = {}  # rows -> ctypes float array type over the logits buffer
         self.last_decode_s = 0.0  # wall time of the last llama_decode (benchmarks: overhead = step - decode)
         log.info(
             "llama.cpp loaded %s: %s %s, n_ctx=%d (%d blocks), seqs=%d, kv=%s, kv types K/V=%s/%s, n_batch=%d, "
-            "threads=%d, extra_bufts=%s",
+            "threads=%d, extra_bufts=%s, gpu layers=%d/%d (%.2f GiB on %s)",
             self.path, self.info.architecture, self.info.file_type, self.n_ctx, self.num_kv_blocks,
             self.max_num_seqs, self.kv_layout, *self.kv_types, self.max_batch_tokens,
-            self.n_threads, self.extra_bufts,
+            self.n_threads, self.extra_bufts, self.placement.gpu_layers, self.info.block_count + 1,
+            self.vram_bytes / (1 << 30), ", ".join(d.name for d in self.placement.devices) or "no GPU",
         )
 
     def _choose_layout(self, n_ctx: int, setting: str | None) -> str:
@@ -228,18 +252,23 @@ class LlamaCppRunner(Runner):
         does everywhere."""
         base, quant = _KV_TYPES[settings.dtype], settings.kv_cache_type
         if quant == "auto":
-            cpu = not L.llama_supports_gpu_offload()
+            cpu = self._cpu_only()
             quant = "q8_0" if cpu and settings.dtype == "auto" and head_dim % 32 == 0 else "f16"
         if quant == "f16":
             return base, base
         return quant, quant if self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"] else base
 
-    @staticmethod
-    def _flash_attn_type(choice: str) -> int:
-        """auto = off on a CPU-only build: its flash-attention kernel costs ~10x more per attended key for a
-        small chunk deep into a long prompt (measured: a 16-token chunk at 2.9k context took 601 ms with it,
-        109 ms without), and chunked prefill is made of exactly such steps. GPU builds keep llama.cpp's auto."""
-        if choice == "auto" and not L.llama_supports_gpu_offload():
+    def _cpu_only(self) -> bool:
+        """No layer on a GPU: the placement's word once made (num_gpu 0 on a GPU build too), else the build's."""
+        placement = getattr(self, "placement", None)
+        return placement.gpu_layers == 0 if placement is not None else not L.llama_supports_gpu_offload()
+
+    def _flash_attn_type(self, choice: str) -> int:
+        """auto = off when no layer is on a GPU (a CPU-only build, or num_gpu 0): the CPU flash-attention kernel
+        costs ~10x more per attended key for a small chunk deep into a long prompt (measured: a 16-token chunk at
+        2.9k context took 601 ms with it, 109 ms without), and chunked prefill is made of exactly such steps. A
+        model on a GPU keeps llama.cpp's auto: on where the device's kernels have it (CUDA, Metal)."""
+        if choice == "auto" and self._cpu_only():
             return _FLASH_ATTN["off"]
         return _FLASH_ATTN[choice]
 

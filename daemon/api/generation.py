@@ -14,6 +14,7 @@ from ..manager import LoadedModel
 from . import prepare, remote
 from .embedding import embed_ids
 from .engine_stream import Generation, Piece, collect_all, engine_stream
+from .options import requested_gpu
 from .plan import EmbedPlan, Plan
 from .prepare import Prepared
 from .wire import Wire, streamed
@@ -62,10 +63,11 @@ async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Respo
     if (answer := await _upstream(request, kind.endpoint, req, t0)) is not None:
         return answer
     plan = kind.plan(req)
+    gpu = requested_gpu(getattr(req, "options", None))  # Ollama's load-time num_gpu / main_gpu (a 400 before loading)
     ctx = request.app.state.ctx
     if plan.load_only:
-        return JSONResponse(await _load_only(ctx, kind, req.model, plan.keep_alive))
-    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx)
+        return JSONResponse(await _load_only(ctx, kind, req.model, plan.keep_alive, gpu))
+    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=gpu)
     try:
         prep = await ctx.workers.run(request, kind.prepare, lease.model, req, *plan.args)
         chunks = await engine_stream(request, lease, prep, kind.endpoint, t0)
@@ -78,14 +80,15 @@ async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Respo
     return streamed(kind.wire, reply.stream(chunks.pieces()), chunks.close)
 
 
-async def _load_only(ctx: Any, kind: Generate, name: str, keep_alive: float | None) -> dict[str, Any]:
+async def _load_only(ctx: Any, kind: Generate, name: str, keep_alive: float | None,
+                     gpu: Any = None) -> dict[str, Any]:
     """Empty prompt/messages: load the model (done_reason "load"), or unload it with keep_alive 0."""
     assert kind.loaded is not None  # only Ollama's plans ask for it, and its endpoints say how to answer
     record = ctx.manager.resolve(name)
     if keep_alive == 0:
         await ctx.manager.unload(record.name)
         return kind.loaded(name, "unload")
-    lease = await ctx.manager.acquire(name, keep_alive=keep_alive)
+    lease = await ctx.manager.acquire(name, keep_alive=keep_alive, gpu=gpu)
     lease.release()
     return kind.loaded(name, "load")
 
@@ -96,7 +99,8 @@ async def embed(request: Request, kind: Embed, req: Any, t0: int) -> Response:
         return answer
     plan = kind.plan(req)
     ctx = request.app.state.ctx
-    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx)
+    gpu = requested_gpu(getattr(req, "options", None))
+    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=gpu)
     vectors, tokens = [], 0
     try:
         for text in plan.inputs:

@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator, Iterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..manager import vram_size
 from . import remote
 from .errors import APIError, parse_body
 from .schemas import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
@@ -122,9 +123,8 @@ async def ps(request: Request) -> JSONResponse:
     for m in sorted(ctx.manager.loaded(), key=lambda m: m.expires_at, reverse=True):
         details = dict(m.record.details)
         details["parent_model"] = ""
-        gpu = m.backend != "llamacpp" and str(m.runner.device).startswith(("cuda", "mps"))
         out.append({"name": m.name, "model": m.name, "size": m.size, "digest": m.record.digest,
-                    "details": details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size if gpu else 0,
+                    "details": details, "expires_at": rfc3339(m.expires_at), "size_vram": vram_size(m),
                     "context_length": m.context_length})
     out += await remote.ps_rows(request)
     body: dict[str, Any] = {"models": out}

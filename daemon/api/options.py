@@ -8,7 +8,7 @@ from typing import Any
 from ..config import keep_alive_seconds
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import InvalidParams, SamplingParams
-from ..manager import LoadedModel
+from ..manager import GpuOptions, LoadedModel
 from .errors import APIError
 from .schemas import ChatRequest, GenerateRequest
 
@@ -32,6 +32,22 @@ def requested_num_ctx(options: dict[str, Any] | None) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise APIError(400, f"option 'num_ctx' must be a positive integer, got {v!r}")
     return v
+
+
+def requested_gpu(options: dict[str, Any] | None) -> GpuOptions:
+    """Ollama's load-time `num_gpu` (layers to offload; -1 = as many as fit, 0 = CPU only) and `main_gpu` (a GPU's
+    index): integers, or a 400."""
+    if not isinstance(options, dict):
+        return GpuOptions()
+    values: dict[str, int | None] = {}
+    for name, lo in (("num_gpu", -1), ("main_gpu", 0)):
+        v = options.get(name)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise APIError(400, f"option {name!r} must be an integer >= {lo}, got {json.dumps(v)[:100]}")
+        values[name] = v
+    return GpuOptions(**values)
 
 
 def sampling_params(options: dict[str, Any] | None, defaults: dict[str, Any] | None = None,

@@ -7,11 +7,13 @@ Per document size, one daemon (defaults, plus EVENFLOW_BACKEND=llamacpp EVENFLOW
 on this machine anyway, and OLLAMA_CONTEXT_LENGTH = the document + 2048; the disk cache in a temp folder):
   1. cold: the document + question 1 (nothing cached)
   2. in memory: the document + question 2 (the model stays loaded)
-  3. unload: `{"model", "keep_alive": 0}` as Ollama's clients unload; timed until /api/ps lists nothing, and until
-     the saved prefix is on disk
-  4. after unload: the document + question 3 (the model loads again; the prefix comes from disk)
-  5. restart: the daemon is stopped (timed) and started again on the same store and cache folder
-  6. after restart: the document + question 4; then question 1 again, whose reply must equal the cold one
+  3. restart: SIGTERM (timed: the daemon writes the document's KV before it exits), then a start on the same store
+     and cache folder
+  4. after restart: the document + question 3, answered at length (300 tokens: a new long conversation to save)
+  5. unload: `{"model", "keep_alive": 0}` as Ollama's clients unload; timed until /api/ps lists nothing, and until
+     the saved prefix (the document, question 3 and its answer) is on disk
+  6. after unload: the document + question 4 (the model loads again; the prefix comes from disk); then question 1
+     again, whose reply must equal the cold one
 TTFT is measured at the client (streamed /api/generate); a reply after a load also reports Ollama's
 `load_duration`, given separately. The disk read rate is the restore event's bytes / read time (/api/events).
 Results: docs/bench/kv_disk.json (appended) and a markdown table on stdout.
@@ -85,9 +87,10 @@ class Daemon:
         return time.perf_counter() - t0
 
 
-def ask(url: str, prompt: str) -> dict:
+def ask(url: str, prompt: str, num_predict: int = 8) -> dict:
     """One streamed /api/generate on a fresh connection: TTFT, the reply, Ollama's final counters."""
-    body = {"model": MODEL, "prompt": prompt, "stream": True, "options": {"temperature": 0, "num_predict": 8}}
+    body = {"model": MODEL, "prompt": prompt, "stream": True,
+            "options": {"temperature": 0, "num_predict": num_predict}}
     t0 = time.perf_counter()
     ttft, out, last = None, [], {}
     with httpx.stream("POST", url + "/api/generate", json=body, timeout=3600, trust_env=False) as r:
@@ -132,17 +135,18 @@ def run(gguf: Path, doc_tokens: int, work: Path) -> dict:
     res: dict = {"doc_tokens_asked": doc_tokens}
     res["cold"] = ask(d.url, q[1])
     res["in_memory"] = ask(d.url, q[2])
-    res["unload"] = unload(d)
-    res["after_unload"] = ask(d.url, q[3])
-    restored = [e for e in d.events if e.get("event") == "restored"]
-    res["restore_event_unload"] = restored[-1] if restored else None
     res["shutdown_s"] = d.stop()
     t0 = time.perf_counter()
     d = Daemon(env, log)
     res["startup_s"] = time.perf_counter() - t0
-    res["after_restart"] = ask(d.url, q[4])
+    res["after_restart"] = ask(d.url, q[3], num_predict=300)
     restored = [e for e in d.events if e.get("event") == "restored"]
     res["restore_event_restart"] = restored[-1] if restored else None
+    res["saved_at_shutdown_bytes"] = httpx.get(d.url + "/api/ps", trust_env=False).json()["kv_cache"]["size"]
+    res["unload"] = unload(d)
+    res["after_unload"] = ask(d.url, q[4])
+    restored = [e for e in d.events if e.get("event") == "restored"]
+    res["restore_event_unload"] = restored[-1] if restored else None
     res["cold_again"] = ask(d.url, q[1])
     res["same_reply_as_cold"] = res["cold_again"]["reply"] == res["cold"]["reply"]
     res["cache_usage"] = httpx.get(d.url + "/api/ps", trust_env=False).json().get("kv_cache")
@@ -152,7 +156,8 @@ def run(gguf: Path, doc_tokens: int, work: Path) -> dict:
 
 def table(results: list[dict]) -> str:
     rows = ["| document | cold TTFT | in-memory hit | after unload: TTFT (of which load) | after restart: TTFT (of which "
-            "load) | vs in-memory / vs cold | restored | disk read | unload (on disk) | shutdown | reply = cold |",
+            "load) | vs in-memory / vs cold | restored | disk read | unload (until on disk) | shutdown with the write "
+            "| reply = cold |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         c, m, u, s = (r[k]["ttft_s"] for k in ("cold", "in_memory", "after_unload", "after_restart"))
@@ -163,7 +168,9 @@ def table(results: list[dict]) -> str:
             f"| {s:.3f} s ({r['after_restart']['load_s']:.2f}) | {max(u, s) / m:.1f}x / {max(u, s) / c:.4f}x "
             f"| {ev.get('tokens', 0)} tok, {ev.get('bytes', 0) / 2**20:.0f} MiB | {rate:.0f} MiB/s "
             f"({ev.get('read_ms', 0):.0f} ms read, {ev.get('ms', 0):.0f} ms into llama.cpp) "
-            f"| {r['unload']['unload_s']:.2f} s ({r['unload']['on_disk_s']:.2f} s) | {r['shutdown_s']:.2f} s "
+            f"| {r['unload']['unload_s']:.2f} s ({r['unload']['on_disk_s']:.2f} s, "
+            f"{r['unload']['saved_bytes'] / 2**20:.0f} MiB) | {r['shutdown_s']:.2f} s "
+            f"({r['saved_at_shutdown_bytes'] / 2**20:.0f} MiB) "
             f"| {r['same_reply_as_cold']} |")
     return "\n".join(rows)
 

@@ -32,6 +32,7 @@ wanted_variant() {
 }
 
 nvidia_gpu() { [ -e /proc/driver/nvidia/version ] || nvidia-smi -L >/dev/null 2>&1; }
+want_variant() { echo "$WANT"; }  # wanted_variant's answer, decided (and explained) once, below
 
 cmake_args() {  # $1: cpu | cuda | metal
   case "$1" in
@@ -45,7 +46,7 @@ installed_variant() { "$PY" backends/llamacpp/build_info.py 2>/dev/null || echo 
 
 llama_plan() {  # "keep <installed>" or "build <wanted>+mtmd <cmake args>"
   local want have args
-  want="$(wanted_variant)"; have="$(installed_variant)"
+  want="$(want_variant)"; have="$(installed_variant)"
   args="$(echo $(cmake_args "$want"))"  # word splitting trims the spaces
   if [ "${have%%+*}" = "$want" ] && [[ "$have" == *+mtmd ]]; then echo "keep $have"
   else echo "build $want+mtmd${args:+ $args}"; fi
@@ -57,7 +58,7 @@ ensure_llama() {
   # when they differ build the wanted one without pip's cache, keeping the wheel under a name of ours that says
   # its variant (the next run installs it in seconds).
   local want have ver args cache wheel
-  want="$(wanted_variant)"; args="$(cmake_args "$want")"
+  want="$(want_variant)"; args="$(cmake_args "$want")"
   if [ "$want" = cuda ] && ! command -v nvcc >/dev/null 2>&1; then export PATH="/usr/local/cuda/bin:$PATH"; fi
   have="$(installed_variant)"
   if [ "$(llama_plan | cut -d' ' -f1)" = keep ]; then
@@ -89,10 +90,11 @@ install() {
   # llama-cpp-python compiles llama.cpp once (~4 min on 2 cores); the wheel is kept afterwards.
   # Not -q: pip's lines (and its spinner while llama.cpp builds) are the only sign of progress.
   echo "dev.sh: installing evenflow$1 into $("$PY" -c 'import sys; print(sys.prefix)') (first run: ~4 min)" >&2
-  CMAKE_ARGS="$(cmake_args "$(wanted_variant)")" "$PY" -m pip install --progress-bar on -e ".$1"
+  CMAKE_ARGS="$(cmake_args "$(want_variant)")" "$PY" -m pip install --progress-bar on -e ".$1"
   ensure_llama
 }
 
+WANT="$(wanted_variant)"
 case "$what" in
   serve) install "" ; exec "$PY" -m evenflow.clients.cli serve "$@" ;;
   test)  install "[dev]"

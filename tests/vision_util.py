@@ -3,24 +3,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import struct
-import zlib
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 
 def png(width: int = 32, height: int = 32, seed: int = 0) -> bytes:
     """A valid RGB PNG of random pixels."""
-    px = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    raw = b"".join(b"\x00" + px[y].tobytes() for y in range(height))
+    from evenflow.backends.synthetic.projector import random_png
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return random_png(width, height, seed)
 
 
 def b64(data: bytes) -> str:

@@ -6,7 +6,9 @@ image becomes (image_size / patch_size)^2 embedding rows; the model's image atte
 from __future__ import annotations
 
 import os
+import struct
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,3 +125,15 @@ def cached_projector(text_hidden_size: int, **overrides: int) -> Path:
     if not path.exists():
         write_projector(spec, path)
     return path
+
+
+def random_png(width: int, height: int, seed: int = 0) -> bytes:
+    """A valid RGB PNG of random pixels (an image to ask the synthetic vision model about)."""
+    px = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    raw = b"".join(b"\x00" + px[y].tobytes() for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))

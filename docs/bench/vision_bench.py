@@ -22,12 +22,10 @@ import json
 import os
 import platform
 import statistics
-import struct
 import sys
 import tempfile
 import threading
 import time
-import zlib
 from pathlib import Path
 
 import httpx
@@ -41,14 +39,9 @@ MODEL = "vis-bench"
 
 
 def png(seed: int, side: int = 224) -> bytes:
-    px = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
-    raw = b"".join(b"\x00" + px[y].tobytes() for y in range(side))
+    from evenflow.backends.synthetic.projector import random_png
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return random_png(side, side, seed)
 
 
 def model_files() -> list[Path]:

@@ -76,6 +76,16 @@ def test_damaged_truncated_foreign_and_half_written_files_are_never_read(tmp_pat
     os.replace(path, foreign)  # a file of another namespace moved here: its header names the other one
     assert DiskKVCache(tmp_path, 1 << 30).lookup("c" * 32, keys) is None and not foreign.exists()
 
+    import json as _json
+    for i, junk in enumerate([b"EVENFLOW-KV\n\x02", b"EVENFLOW-KV\n" + b"\xff" * 40,  # cut off; absurd header length
+                              b"EVENFLOW-KV\n" + len(h := _json.dumps({"format": 1, "namespace": NS, "blocks": 10**15,
+                                                                        "payload_len": 1}).encode()).to_bytes(4, "little")
+                              + h]):  # a header claiming 10^15 blocks
+        (tmp_path / NS / f"{i}{'0' * 31}.kv").write_bytes(junk)
+    hostile = DiskKVCache(tmp_path, 1 << 30)
+    assert hostile.lookup(NS, keys) is None and hostile.rejected_files == 3
+    assert not list((tmp_path / NS).glob("*.kv"))
+
     tmp = tmp_path / NS / f".{path.name}.tmp123-4"  # what a writer killed before its rename leaves
     tmp.write_bytes(b"EVENFLOW-KV\n" + b"\0" * 50)
     assert DiskKVCache(tmp_path, 1 << 30).lookup(NS, keys) is None

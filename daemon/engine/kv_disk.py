@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"EVENFLOW-KV\n"
 FORMAT = 1
 KEY_BYTES = 16  # kv.block_key digests
+MAX_BLOCKS = 1 << 22  # 67M tokens at 16 a block: a header claiming more is not ours
 _HEAD = struct.Struct("<I")  # header length
 DISK_RESERVE = 1 << 30  # never fill the disk: keep this much free after a write
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
@@ -305,15 +306,17 @@ def f_size(meta: dict[str, Any], keys: list[bytes]) -> int:
 def _read_header(f: Any, ns: str) -> tuple[dict[str, Any], list[bytes]]:
     if f.read(len(MAGIC)) != MAGIC:
         raise ValueError("not a KV cache file")
-    (n,) = _HEAD.unpack(f.read(_HEAD.size) or b"\0\0\0\0")
+    raw = f.read(_HEAD.size)
+    if len(raw) != _HEAD.size:
+        raise ValueError("cut off in its header")
+    (n,) = _HEAD.unpack(raw)
     if not 0 < n < 1 << 20:
         raise ValueError("bad header length")
-    raw = f.read(n)
-    meta = json.loads(raw)
+    meta = json.loads(f.read(n))
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("namespace") != ns:
         raise ValueError("written for another model, KV configuration or format")
     blocks, plen = meta.get("blocks"), meta.get("payload_len")
-    if not isinstance(blocks, int) or not isinstance(plen, int) or blocks <= 0 or plen <= 0:
+    if not isinstance(blocks, int) or not isinstance(plen, int) or not (0 < blocks <= MAX_BLOCKS and 0 < plen):
         raise ValueError("bad header")
     kb = f.read(blocks * KEY_BYTES)
     if len(kb) != blocks * KEY_BYTES or zlib.crc32(kb) != meta.get("keys_crc"):

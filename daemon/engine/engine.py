@@ -486,7 +486,7 @@ class Engine:
         """Before serving (off the event loop): wait for writes still queued and index this model's saved prefixes."""
         if self.disk is not None:
             self.disk.disk.flush(60)
-            self.disk.disk.has(self.disk.ns, b"")
+            self.disk.disk.index(self.disk.ns)
 
     # ---- events ----
     def _publish_disk(self, event: dict) -> None:

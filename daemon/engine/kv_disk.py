@@ -80,6 +80,7 @@ class DiskKVCache:
         self._pending = 0
         self._idle = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
+        self._files: dict[Path, tuple[float, int]] | None = None  # every entry file: (last use, size); scanned once
         self.written_bytes = self.written_entries = 0
         self.restored_bytes = self.restored_tokens = 0
         self.rejected_files = 0
@@ -105,7 +106,7 @@ class DiskKVCache:
                 meta, keys = _read_header(f, ns)
                 payload = f.read(meta["payload_len"] + 1)
         except FileNotFoundError:
-            self._forget(ns, entry)
+            self._remove(ns, entry.path)
             return None
         except (OSError, ValueError) as e:
             self._reject(ns, entry.path, str(e))
@@ -115,15 +116,20 @@ class DiskKVCache:
             self._reject(ns, entry.path, "payload length or checksum mismatch")
             return None
         try:
-            os.utime(entry.path)  # least recently used goes first
+            os.utime(entry.path)  # least recently used goes first (after a restart too)
         except OSError:
             pass
+        self._track(entry.path)
         return Restore(keys, min(num_blocks, len(keys)), payload, meta, time.perf_counter() - t0)
 
     def count_restored(self, tokens: int, nbytes: int) -> None:
         with self._lock:
             self.restored_tokens += tokens
             self.restored_bytes += nbytes
+
+    def index(self, ns: str) -> None:
+        """Read the namespace's file headers now (at model load, off the event loop) rather than at a lookup."""
+        self._namespace(ns)
 
     def has(self, ns: str, key: bytes) -> bool:
         index = self._namespace(ns)
@@ -193,14 +199,15 @@ class DiskKVCache:
             old = self._entries[ns].get(path)
             self._entries[ns][path] = entry
             # a shorter saved prefix of this one is now redundant: its keys are all here
-            covered = {e.path for k in keys if (hit := index.get(k)) and hit[0].keys == keys[: len(hit[0].keys)]
-                       for e in (hit[0],) if e.path != path}
+            shorter = {hit[0].path: hit[0] for k in keys if (hit := index.get(k)) is not None}
+            covered = [p for p, e in shorter.items() if p != path and e.keys == keys[: len(e.keys)]]
             for i, k in enumerate(keys):
                 index[k] = (entry, i)
         if old is None:
             for p in covered:
                 self._remove(ns, p)
         log.info("KV cache: saved %d tokens (%.1f MiB) to %s", meta.get("tokens", 0), len(payload) / 2**20, path)
+        self._track(path)
         self._enforce_budget()
 
     # ---- housekeeping ----
@@ -221,7 +228,7 @@ class DiskKVCache:
                     raise ValueError(f"file is {size} bytes, header says {f_size(meta, keys)}")
                 entries[p] = Entry(p, keys, meta["payload_len"])
             except (OSError, ValueError) as e:
-                self._reject(ns, p, str(e), indexed=False)
+                self._reject(ns, p, str(e))
         now = time.time()
         for p in d.glob(".*.tmp*") if d.is_dir() else []:
             try:
@@ -239,17 +246,16 @@ class DiskKVCache:
             self._index[ns], self._entries[ns] = index, entries
             return index
 
-    def _reject(self, ns: str, path: Path, why: str, indexed: bool = True) -> None:
+    def _reject(self, ns: str, path: Path, why: str) -> None:
         log.warning("KV cache: ignoring and removing %s: %s", path, why)
         with self._lock:
             self.rejected_files += 1
-        self._remove(ns, path) if indexed else _unlink(path)
-
-    def _forget(self, ns: str, entry: Entry) -> None:
-        self._remove(ns, entry.path)
+        self._remove(ns, path)
 
     def _remove(self, ns: str, path: Path) -> None:
         with self._lock:
+            if self._files is not None:
+                self._files.pop(path, None)
             entry = self._entries.get(ns, {}).pop(path, None)
             index = self._index.get(ns, {})
             if entry is not None:
@@ -258,16 +264,38 @@ class DiskKVCache:
                         del index[k]
         _unlink(path)
 
-    def _enforce_budget(self) -> None:
-        files = []
-        for p in self.root.glob("*/*.kv"):
+    def _scan_files(self) -> dict[Path, tuple[float, int]]:
+        """Every entry file under the root, once; kept up to date by writes, reads and removals after that."""
+        with self._lock:
+            if self._files is not None:
+                return self._files
+        found = {}
+        for p in self.root.glob("*/*.kv") if self.root.is_dir() else []:
             try:
                 st = p.stat()
             except OSError:
                 continue
-            files.append((st.st_mtime, st.st_size, p))
-        total = sum(s for _, s, _ in files)
-        for _, size, p in sorted(files):
+            found[p] = (st.st_mtime, st.st_size)
+        with self._lock:
+            if self._files is None:
+                self._files = found
+            return self._files
+
+    def _track(self, path: Path) -> None:
+        files = self._scan_files()
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        with self._lock:
+            files[path] = (st.st_mtime, st.st_size)
+
+    def _enforce_budget(self) -> None:
+        files = self._scan_files()
+        with self._lock:
+            oldest = sorted(files.items(), key=lambda f: f[1][0])
+            total = sum(size for _, (_, size) in oldest)
+        for p, (_, size) in oldest:
             if total <= self.budget:
                 break
             log.info("KV cache over its budget (%.1f of %.1f MiB): evicting %s", total / 2**20, self.budget / 2**20, p)
@@ -275,18 +303,13 @@ class DiskKVCache:
             total -= size
 
     def usage(self) -> dict[str, Any]:
-        """Size on disk and counters, for /api/ps, /metrics and the monitor."""
-        size = n = 0
-        for p in self.root.glob("*/*.kv") if self.root.is_dir() else []:
-            try:
-                size += p.stat().st_size
-                n += 1
-            except OSError:
-                pass
+        """Size on disk and counters, for /api/ps, /metrics and the monitor (no disk access after the first)."""
+        files = self._scan_files()
         with self._lock:
-            return {"path": str(self.root), "size": size, "entries": n, "budget": self.budget,
-                    "written_bytes": self.written_bytes, "restored_tokens": self.restored_tokens,
-                    "restored_bytes": self.restored_bytes, "rejected_files": self.rejected_files}
+            return {"path": str(self.root), "size": sum(size for _, size in files.values()), "entries": len(files),
+                    "budget": self.budget, "written_bytes": self.written_bytes,
+                    "restored_tokens": self.restored_tokens, "restored_bytes": self.restored_bytes,
+                    "rejected_files": self.rejected_files}
 
     def close(self, timeout: float = 60.0) -> None:
         """Finish queued writes (bounded), then stop the writer."""

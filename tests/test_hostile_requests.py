@@ -240,6 +240,19 @@ def test_a_5mb_embedding_input_costs_a_window(daemon: Daemon) -> None:
         assert embedder._n_ctx <= 512
 
 
+def test_a_huge_request_template_is_not_kept_after_its_request() -> None:
+    """A request's own template is cached by its text; one of megabytes is not (64 held ~3 GB for good)."""
+    from evenflow.daemon.prompt.gotemplate import parser
+    from evenflow.daemon.prompt.gotemplate.budget import MAX_CACHED_CHARS
+
+    small, big = "{{ .Prompt }} small", "{{ .Prompt }}" + "x" * (MAX_CACHED_CHARS + 1)
+    before = parser.parse.cache_info().currsize
+    assert parser.parse(big) and parser.parse.cache_info().currsize == before
+    parser.parse(small)
+    assert parser.parse(small) is parser.parse(small)  # small ones stay cached
+    assert parser.parse.cache_info().currsize <= before + 1
+
+
 # ---- 5: the event feed still carries every token ----
 
 def test_the_feed_still_carries_every_token(daemon: Daemon) -> None:

@@ -59,6 +59,28 @@ def import_model(url: str, gguf: Path) -> None:
         c.post("/api/create", json={"model": MODEL, "files": {gguf.name: digest}, "stream": False}).raise_for_status()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def daemon_pid(url: str) -> int:
+    """The pid of the process listening on the URL's port (the daemon, not a wrapper)."""
+    port = int(url.rsplit(":", 1)[1])
+    inodes = {f[9] for f in (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+              if int(f[1].split(":")[1], 16) == port and f[3] == "0A"}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if any(os.readlink(fd).removeprefix("socket:[").rstrip("]") in inodes
+                       for fd in (proc / "fd").iterdir()):
+                    return int(proc.name)
+            except OSError:
+                continue
+    raise RuntimeError("cannot find the daemon's process")
+
+
 def decode_tps(c: httpx.Client, tokens: int) -> float:
     r = c.post("/api/generate", json={"model": MODEL, "prompt": PROMPT, "stream": False, "keep_alive": -1,
                                       "options": {"temperature": 0, "num_predict": tokens, "ignore_eos": True}})
@@ -68,17 +90,26 @@ def decode_tps(c: httpx.Client, tokens: int) -> float:
     return body["eval_count"] / (body["eval_duration"] / 1e9)
 
 
-def watched_tps(url: str, c: httpx.Client, tokens: int) -> tuple[float, int]:
-    """Decode tok/s while a subscriber process reads the feed; (tok/s, the subscriber's exit code)."""
+def alone(c: httpx.Client, pid: int, tokens: int) -> dict[str, float]:
+    cpu = cpu_seconds(pid)
+    tps = decode_tps(c, tokens)
+    return {"tps": tps, "daemon_cpu_ms_per_token": (cpu_seconds(pid) - cpu) * 1e3 / tokens}
+
+
+def watched(url: str, c: httpx.Client, pid: int, tokens: int) -> dict[str, float]:
+    """Decode tok/s while a subscriber process reads the feed, and the CPU both used per token."""
     sub = subprocess.Popen([sys.executable, __file__, "--subscribe", url], stdout=subprocess.PIPE, text=True)
     try:
         assert sub.stdout is not None and sub.stdout.readline().strip() == "ready", "the subscriber did not start"
+        cpu, sub_cpu = cpu_seconds(pid), cpu_seconds(sub.pid)
         tps = decode_tps(c, tokens)
         time.sleep(0.2)  # the subscriber takes the last batch
+        out = {"tps": tps, "daemon_cpu_ms_per_token": (cpu_seconds(pid) - cpu) * 1e3 / tokens,
+               "subscriber_cpu_ms_per_token": (cpu_seconds(sub.pid) - sub_cpu) * 1e3 / tokens}
     finally:
         sub.terminate()
-        code = sub.wait(30)
-    return tps, code
+        sub.wait(30)
+    return out
 
 
 def cpu_model() -> str:
@@ -95,6 +126,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="a daemon setting off its default (e.g. EVENFLOW_NUM_THREADS=1 on an oversubscribed machine)")
+    ap.add_argument("--out", default="events_overhead", help="name of the .json and .md written here")
     ap.add_argument("--subscribe", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.subscribe:
@@ -108,36 +140,45 @@ def main() -> int:
         env = dict(kv.split("=", 1) for kv in args.env)
         with serve_daemon({"OLLAMA_MODELS": store, **env}, "events_overhead_daemon.log") as url:
             import_model(url, args.gguf)
+            pid = daemon_pid(url)
             with httpx.Client(base_url=url, timeout=600, trust_env=False) as c:
                 decode_tps(c, 32)  # load and warm up
                 for i in range(args.rounds):
                     load = os.getloadavg()[0]
                     if i % 2 == 0:
-                        alone = decode_tps(c, args.tokens)
-                        watched, _ = watched_tps(url, c, args.tokens)
+                        a = alone(c, pid, args.tokens)
+                        w = watched(url, c, pid, args.tokens)
                     else:
-                        watched, _ = watched_tps(url, c, args.tokens)
-                        alone = decode_tps(c, args.tokens)
-                    rows.append({"round": i, "alone_tps": alone, "watched_tps": watched, "ratio": watched / alone,
-                                 "loadavg_1m": load})
-                    print(f"round {i}: alone {alone:7.1f} tok/s  watched {watched:7.1f} tok/s  "
-                          f"ratio {watched / alone:.3f}  (load {load:.1f})", flush=True)
-    alone_med = statistics.median(r["alone_tps"] for r in rows)
-    watched_med = statistics.median(r["watched_tps"] for r in rows)
-    ratio_med = statistics.median(r["ratio"] for r in rows)
+                        w = watched(url, c, pid, args.tokens)
+                        a = alone(c, pid, args.tokens)
+                    rows.append({"round": i, "alone": a, "watched": w, "ratio": w["tps"] / a["tps"], "loadavg_1m": load})
+                    print(f"round {i}: alone {a['tps']:7.1f} tok/s  watched {w['tps']:7.1f} tok/s  "
+                          f"ratio {w['tps'] / a['tps']:.3f}  daemon CPU ms/token {a['daemon_cpu_ms_per_token']:.2f} -> "
+                          f"{w['daemon_cpu_ms_per_token']:.2f}, subscriber {w['subscriber_cpu_ms_per_token']:.2f}  "
+                          f"(load {load:.1f})", flush=True)
+
+    def med(side: str, key: str) -> float:
+        return statistics.median(r[side][key] for r in rows)
+
+    a_tps, w_tps, ratio_med = med("alone", "tps"), med("watched", "tps"), statistics.median(r["ratio"] for r in rows)
+    a_cpu, w_cpu = med("alone", "daemon_cpu_ms_per_token"), med("watched", "daemon_cpu_ms_per_token")
+    s_cpu = med("watched", "subscriber_cpu_ms_per_token")
     out = {"model": args.gguf.name, "backend": "llamacpp (auto)", "daemon_env": env, "cpu": cpu_model(),
-           "cores": os.cpu_count(), "tokens": args.tokens, "rounds": rows, "alone_median_tps": alone_med,
-           "watched_median_tps": watched_med, "ratio_of_medians": watched_med / alone_med,
-           "median_of_ratios": ratio_med, "note": "machine shared with other work unless stated otherwise"}
-    (HERE / "events_overhead.json").write_text(json.dumps(out, indent=2) + "\n")
-    md = ["| round | alone tok/s | watched tok/s | ratio | load (1 min) |", "|---|---|---|---|---|"]
-    md += [f"| {r['round']} | {r['alone_tps']:.1f} | {r['watched_tps']:.1f} | {r['ratio']:.3f} | "
-           f"{r['loadavg_1m']:.1f} |" for r in rows]
+           "cores": os.cpu_count(), "tokens": args.tokens, "rounds": rows, "alone_median_tps": a_tps,
+           "watched_median_tps": w_tps, "ratio_of_medians": w_tps / a_tps, "median_of_ratios": ratio_med,
+           "daemon_cpu_ms_per_token": {"alone": a_cpu, "watched": w_cpu},
+           "subscriber_cpu_ms_per_token": s_cpu, "note": "machine shared with other work unless stated otherwise"}
+    (HERE / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
+    md = ["| round | alone tok/s | watched tok/s | ratio | daemon CPU ms/token alone | watched | subscriber CPU "
+          "ms/token | load (1 min) |", "|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['round']} | {r['alone']['tps']:.1f} | {r['watched']['tps']:.1f} | {r['ratio']:.3f} | "
+           f"{r['alone']['daemon_cpu_ms_per_token']:.2f} | {r['watched']['daemon_cpu_ms_per_token']:.2f} | "
+           f"{r['watched']['subscriber_cpu_ms_per_token']:.2f} | {r['loadavg_1m']:.1f} |" for r in rows]
     md += ["", f"{args.gguf.name}, llama.cpp, daemon settings {env or 'default'}, {out['cpu']}, {out['cores']} cores, "
-           f"{args.tokens} tokens per run: "
-           f"median alone {alone_med:.1f} tok/s, watched {watched_med:.1f} tok/s, ratio of medians "
-           f"**{watched_med / alone_med:.3f}**, median of per-round ratios {ratio_med:.3f}."]
-    (HERE / "events_overhead.md").write_text("\n".join(md) + "\n")
+           f"{args.tokens} tokens per run: median alone {a_tps:.1f} tok/s, watched {w_tps:.1f} tok/s, ratio of "
+           f"medians **{w_tps / a_tps:.3f}**, median of per-round ratios {ratio_med:.3f}; daemon CPU per token "
+           f"{a_cpu:.2f} ms alone, {w_cpu:.2f} ms watched (x{w_cpu / a_cpu:.3f}); the subscriber {s_cpu:.2f} ms."]
+    (HERE / f"{args.out}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 

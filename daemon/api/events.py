@@ -15,8 +15,8 @@ log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 1024  # per subscriber; a reader this far behind loses events (counted), the engine never waits
 # Events reach the loop in batches, at most this often: a decoding stream publishes two per token (its token and
-# the step), and one loop wake-up, GIL hand-over and socket write each cost the engine thread ~a quarter of its
-# decode speed on 2 cores (issue 40). 20 per second is what a monitor draws anyway.
+# the step), and a loop wake-up, a GIL hand-over and a socket write for each took 28% of single-stream decode on
+# 2 cores (issue 40). 20 per second is what a monitor draws anyway; each event keeps its own time.
 FLUSH_EVERY_S = 0.05
 PULL_EVERY_S = 0.25  # a pull's progress event at most this often (its HTTP client gets Ollama's 60 ms ticks)
 _CONTENT_KEYS = ("text", "prompt")
@@ -53,8 +53,9 @@ class EventHub:
             self._armed = True
         try:
             self.loop.call_soon_threadsafe(self.loop.call_later, FLUSH_EVERY_S, self._flush)
-        except RuntimeError:  # loop closed during shutdown
-            pass
+        except RuntimeError:  # loop closed during shutdown: nothing will read them
+            with self._batch_lock:
+                self._batch, self._armed = [], False
 
     def _shape(self, event: dict[str, Any]) -> dict[str, Any]:
         """Content only under log_content, and a request's prompt once (on `queued`), not with every token."""

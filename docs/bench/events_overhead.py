@@ -59,9 +59,10 @@ def import_model(url: str, gguf: Path) -> None:
         c.post("/api/create", json={"model": MODEL, "files": {gguf.name: digest}, "stream": False}).raise_for_status()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time of a process (or of one of its threads) so far (Linux /proc)."""
+    path = f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat"
+    f = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -91,9 +92,10 @@ def decode_tps(c: httpx.Client, tokens: int) -> float:
 
 
 def alone(c: httpx.Client, pid: int, tokens: int) -> dict[str, float]:
-    cpu = cpu_seconds(pid)
+    cpu, loop = cpu_seconds(pid), cpu_seconds(pid, pid)  # uvicorn's event loop runs on the main thread
     tps = decode_tps(c, tokens)
-    return {"tps": tps, "daemon_cpu_ms_per_token": (cpu_seconds(pid) - cpu) * 1e3 / tokens}
+    return {"tps": tps, "daemon_cpu_ms_per_token": (cpu_seconds(pid) - cpu) * 1e3 / tokens,
+            "loop_cpu_ms_per_token": (cpu_seconds(pid, pid) - loop) * 1e3 / tokens}
 
 
 def watched(url: str, c: httpx.Client, pid: int, tokens: int) -> dict[str, float]:
@@ -101,10 +103,11 @@ def watched(url: str, c: httpx.Client, pid: int, tokens: int) -> dict[str, float
     sub = subprocess.Popen([sys.executable, __file__, "--subscribe", url], stdout=subprocess.PIPE, text=True)
     try:
         assert sub.stdout is not None and sub.stdout.readline().strip() == "ready", "the subscriber did not start"
-        cpu, sub_cpu = cpu_seconds(pid), cpu_seconds(sub.pid)
+        cpu, loop, sub_cpu = cpu_seconds(pid), cpu_seconds(pid, pid), cpu_seconds(sub.pid)
         tps = decode_tps(c, tokens)
         time.sleep(0.2)  # the subscriber takes the last batch
         out = {"tps": tps, "daemon_cpu_ms_per_token": (cpu_seconds(pid) - cpu) * 1e3 / tokens,
+               "loop_cpu_ms_per_token": (cpu_seconds(pid, pid) - loop) * 1e3 / tokens,
                "subscriber_cpu_ms_per_token": (cpu_seconds(sub.pid) - sub_cpu) * 1e3 / tokens}
     finally:
         sub.terminate()
@@ -154,7 +157,8 @@ def main() -> int:
                     rows.append({"round": i, "alone": a, "watched": w, "ratio": w["tps"] / a["tps"], "loadavg_1m": load})
                     print(f"round {i}: alone {a['tps']:7.1f} tok/s  watched {w['tps']:7.1f} tok/s  "
                           f"ratio {w['tps'] / a['tps']:.3f}  daemon CPU ms/token {a['daemon_cpu_ms_per_token']:.2f} -> "
-                          f"{w['daemon_cpu_ms_per_token']:.2f}, subscriber {w['subscriber_cpu_ms_per_token']:.2f}  "
+                          f"{w['daemon_cpu_ms_per_token']:.2f}, loop thread {a['loop_cpu_ms_per_token']:.3f} -> "
+                          f"{w['loop_cpu_ms_per_token']:.3f}, subscriber {w['subscriber_cpu_ms_per_token']:.2f}  "
                           f"(load {load:.1f})", flush=True)
 
     def med(side: str, key: str) -> float:
@@ -163,21 +167,25 @@ def main() -> int:
     a_tps, w_tps, ratio_med = med("alone", "tps"), med("watched", "tps"), statistics.median(r["ratio"] for r in rows)
     a_cpu, w_cpu = med("alone", "daemon_cpu_ms_per_token"), med("watched", "daemon_cpu_ms_per_token")
     s_cpu = med("watched", "subscriber_cpu_ms_per_token")
+    a_loop, w_loop = med("alone", "loop_cpu_ms_per_token"), med("watched", "loop_cpu_ms_per_token")
     out = {"model": args.gguf.name, "backend": "llamacpp (auto)", "daemon_env": env, "cpu": cpu_model(),
            "cores": os.cpu_count(), "tokens": args.tokens, "rounds": rows, "alone_median_tps": a_tps,
            "watched_median_tps": w_tps, "ratio_of_medians": w_tps / a_tps, "median_of_ratios": ratio_med,
            "daemon_cpu_ms_per_token": {"alone": a_cpu, "watched": w_cpu},
+           "loop_thread_cpu_ms_per_token": {"alone": a_loop, "watched": w_loop},
            "subscriber_cpu_ms_per_token": s_cpu, "note": "machine shared with other work unless stated otherwise"}
     (HERE / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
-    md = ["| round | alone tok/s | watched tok/s | ratio | daemon CPU ms/token alone | watched | subscriber CPU "
-          "ms/token | load (1 min) |", "|---|---|---|---|---|---|---|---|"]
+    md = ["| round | tok/s alone | watched | ratio | daemon CPU ms/token alone | watched | loop thread CPU "
+          "ms/token alone | watched | subscriber CPU ms/token | load (1 min) |", "|---|---|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['round']} | {r['alone']['tps']:.1f} | {r['watched']['tps']:.1f} | {r['ratio']:.3f} | "
            f"{r['alone']['daemon_cpu_ms_per_token']:.2f} | {r['watched']['daemon_cpu_ms_per_token']:.2f} | "
+           f"{r['alone']['loop_cpu_ms_per_token']:.3f} | {r['watched']['loop_cpu_ms_per_token']:.3f} | "
            f"{r['watched']['subscriber_cpu_ms_per_token']:.2f} | {r['loadavg_1m']:.1f} |" for r in rows]
     md += ["", f"{args.gguf.name}, llama.cpp, daemon settings {env or 'default'}, {out['cpu']}, {out['cores']} cores, "
            f"{args.tokens} tokens per run: median alone {a_tps:.1f} tok/s, watched {w_tps:.1f} tok/s, ratio of "
            f"medians **{w_tps / a_tps:.3f}**, median of per-round ratios {ratio_med:.3f}; daemon CPU per token "
-           f"{a_cpu:.2f} ms alone, {w_cpu:.2f} ms watched (x{w_cpu / a_cpu:.3f}); the subscriber {s_cpu:.2f} ms."]
+           f"{a_cpu:.2f} ms alone, {w_cpu:.2f} ms watched (x{w_cpu / a_cpu:.3f}), of which the event loop's "
+           f"{a_loop:.3f} and {w_loop:.3f} ms; the subscriber {s_cpu:.2f} ms."]
     (HERE / f"{args.out}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

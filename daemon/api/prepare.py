@@ -36,6 +36,7 @@ class Prepared:
     n: int = 1  # choices sampled from the one prompt (/v1 `n`)
     priority: int = 0  # lower is scheduled sooner (the engine's prompt order)
     template: str | None = None  # the model's template: the reply is read back in its tool-call format
+    arch: str | None = None  # the model's architecture: with the template, it picks the reply format
     embeds: list[EmbedSpan] | None = None  # image spans of the prompt, encoded here (images.py)
 
 
@@ -83,8 +84,9 @@ def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParam
             grammar: str | None = None) -> Prepared:
     cancel.checkpoint()  # before compiling the grammar, the last long step
     fit_to_context(ids, params, window, model)
+    params.preserved_tokens = prompting.preserved_tokens(model)
     return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think),
-                    template=prompting.template_of(model))
+                    template=prompting.template_of(model), arch=prompting.architecture(model))
 
 
 def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:
@@ -252,6 +254,7 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
     ids = prompting.encode(model, text, add_special=add)
     prep = _finish(model, text, ids, openai_params(req, model), window,
                    grammar=response_format_grammar(req.response_format))
+    prep.params.preserved_tokens = {}  # no reply parser here: structure tokens stay hidden, as with llama-server
     prep.logprobs, prep.n = completion_logprobs(req), openai_choices(req, model)
     prep.priority = request_priority(req.priority, param="priority")
     return prep

@@ -42,6 +42,9 @@ class SamplingParams:
     num_predict: int = -1  # -1 = until a stop condition, -2 = until the context is full
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # an extension (llama-server, vLLM): end-of-generation tokens are never sampled
+    # Not an option: special tokens whose text is part of the output (id -> bytes), the markers of the model's
+    # reply format that the reply parser reads (harmony's <|channel|>); every other special token stays hidden.
+    preserved_tokens: dict[int, bytes] = field(default_factory=dict, metadata={"option": False})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -90,7 +93,7 @@ class SamplingParams:
     def from_options(cls, options: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> "SamplingParams":
         """Ollama precedence: built-in defaults < `defaults` (model PARAMETERs) < request `options`."""
         merged: dict[str, Any] = {}
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.metadata.get("option", True)}
         for layer in (defaults or {}, options or {}):
             if not isinstance(layer, dict):
                 raise InvalidParams(f"options must be an object, got {type(layer).__name__}")

@@ -30,7 +30,7 @@ class ReplyFormat:
     think_implicit: bool = False
     think_anywhere: bool = False
     harmony: bool = False
-    calls_in_thinking: bool = False  # a call may open inside an unclosed thinking section, ending it (Kimi)
+    calls_in_thinking: bool = False  # a call may open inside an unclosed thinking section, ending it (Kimi, Apriel)
     drop: tuple[str, ...] = ()
     structure: tuple[str, ...] = ()
 
@@ -53,17 +53,17 @@ _TABLE: tuple[tuple[ReplyFormat, tuple[str, ...], tuple[str, ...]], ...] = (
     (ReplyFormat("Kimi K2", "kimi", calls_in_thinking=True), ("<|tool_calls_section_begin|>",), ()),
     (ReplyFormat("DeepSeek V3.2 (DSML)", "dsml"), ("｜DSML｜",), ()),
     (ReplyFormat("DeepSeek R1 / V3 / V3.1", "deepseek"), ("tool▁call",), ()),
-    (ReplyFormat("Hunyuan 3", "hy3", ("<think:opensource>", "</think:opensource>")), ("<tool_call:opensource>",), ()),
+    (ReplyFormat("Hunyuan 3", "hy3", ("<think:opensource>", "</think:opensource>")), (":opensource", "tool_call"), ()),
     (ReplyFormat("GLM-4.5 / 4.6 / 4.7", "glm"), ("<arg_key>",), ("glm4moe",)),
     (ReplyFormat("Seed-OSS", "seed", ("<seed:think>", "</seed:think>")), ("<seed:",), ("seed_oss",)),
     (ReplyFormat("MiniMax M2", "minimax"), ("<minimax:tool_call>",), ("minimax-m2",)),
     (ReplyFormat("Gemma 4", "gemma4", ("<|channel>thought", "<channel|>"), think_anywhere=True,
-                 structure=('<|"|>',)), ("<|tool_call>",), ("gemma4",)),
+                 drop=("<|tool_response>",), structure=('<|"|>',)), ("<|tool_call>",), ("gemma4",)),
     (ReplyFormat("LFM2 / LFM2.5", "lfm2"), ("<|tool_list_start|>",), ("lfm2", "lfm2moe")),
     (ReplyFormat("LFM2 / LFM2.5", "lfm2"), ("<|tool_call_start|>",), ()),
     (ReplyFormat("Nemotron Nano v2", "nemotron"), ("<TOOLCALL>",), ()),
     (ReplyFormat("Apriel", "apriel", ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"), think_implicit=True,
-                 drop=("[END FINAL RESPONSE]",)), ("[BEGIN FINAL RESPONSE]",), ()),
+                 calls_in_thinking=True, drop=("[END FINAL RESPONSE]",)), ("[BEGIN FINAL RESPONSE]",), ()),
     (ReplyFormat("MiniMax M1", "apriel"), ("<tool_calls>",), ()),
     (ReplyFormat("Command R7B / A", "cohere", ("<|START_THINKING|>", "<|END_THINKING|>"),
                  drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>")),

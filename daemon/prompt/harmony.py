@@ -42,6 +42,7 @@ class HarmonyParser:
         self.channel: str | None = None
         self.recipient: str | None = None
         self.args = ""  # a tool message's body so far
+        self.head = ""  # its header, as written
         self.raw = False  # no harmony structure after all: everything is content
         self.implicit = 0
         closed = any(m in tail for m in _ENDS[:3])
@@ -70,6 +71,7 @@ class HarmonyParser:
                         content.append(rest)
                     break
                 self._header(self.buf[:j])
+                self.head = self.buf[self.implicit:j + len(MESSAGE)]  # as the reply wrote it
                 self.buf, self.state, self.args, self.implicit = self.buf[j + len(MESSAGE):], "body", "", 0
             elif self.state == "body":
                 ends = [(self.buf.find(m), m) for m in _ENDS if m in self.buf]
@@ -126,8 +128,8 @@ class HarmonyParser:
             call = self._call(self.recipient, self.args) if self.tools else None
             if call is not None:
                 calls.append(call)
-            elif self.args.strip():
-                content.append(self.args)
+            else:  # not a call after all (cut off, bad JSON, no tools asked for): the message as written
+                content.append(self.head + self.args)
         self.channel, self.recipient, self.args = None, None, ""
 
     def _call(self, recipient: str, args: str) -> Call | None:
@@ -147,8 +149,8 @@ class HarmonyParser:
             self._close(content, calls)
         elif self.state == "header":
             head = self.buf[self.implicit:]
-            if CHANNEL not in head and head.strip():  # never harmony: the text as it came
-                content.append(head)
+            if head.strip() and (CHANNEL not in head or _RECIPIENT.search(head)):
+                content.append(head)  # never harmony, or a call cut off in its header: the text as it came
         elif self.buf.strip():
             content.append(self.buf)
         self.buf, self.state = "", "between"

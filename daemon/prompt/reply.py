@@ -23,8 +23,14 @@ def held_prefix(text: str, markers: tuple[str, ...] | str) -> int:
     return best
 
 
-def _trailing_space(text: str) -> int:
-    return len(text) - len(text.rstrip())
+def _hold(text: str, markers: tuple[str, ...], final: bool) -> int:
+    """How much of `text`'s tail to keep back: what may start a marker, and the whitespace before it (whitespace
+    next to a marker is not part of what it delimits)."""
+    if final:
+        return 0
+    keep = held_prefix(text, markers)
+    head = text[:len(text) - keep]
+    return keep + len(head) - len(head.rstrip())
 
 
 def _find_first(text: str, markers: tuple[str, ...]) -> tuple[int, str]:
@@ -75,7 +81,7 @@ class ThinkSplitter:
                     self.buf = self.buf[at + (len(marker) if marker == self.close else 0):]
                     self.state, self.lead = "content", True
                     continue
-                keep = 0 if final else max(held_prefix(self.buf, (self.close, *self.stops)), _trailing_space(self.buf))
+                keep = _hold(self.buf, (self.close, *self.stops), final)
                 thinking.append(self.buf[:len(self.buf) - keep])
                 self.buf = self.buf[len(self.buf) - keep:]
                 break
@@ -85,7 +91,7 @@ class ThinkSplitter:
                     content.append(self.buf[:at].rstrip())
                     self.buf, self.state, self.lead = self.buf[at + len(self.open):], "thinking", True
                     continue
-                keep = 0 if final else max(held_prefix(self.buf, self.open), _trailing_space(self.buf))
+                keep = _hold(self.buf, (self.open,), final)
                 content.append(self.buf[:len(self.buf) - keep])
                 self.buf = self.buf[len(self.buf) - keep:]
                 break
@@ -150,7 +156,7 @@ class ToolCallStream:
             out = self.pending[:at].rstrip()
             self.gap, self.pending, self.holding = self.pending[len(out):at], self.pending[at:], True
             return out
-        keep = 0 if final else max(held_prefix(self.pending, s.opens), _trailing_space(self.pending))
+        keep = _hold(self.pending, s.opens, final)
         out, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
         return out
 

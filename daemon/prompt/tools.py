@@ -82,8 +82,8 @@ def _one(fn: dict[str, Any], fmt: str, i: int) -> str:
             f"<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>{_text(v)}</arg_value:opensource>\n"
             for k, v in args.items()) + "</tool_call:opensource>")
     if fmt == "seed":
-        return (f"<seed:tool_call>\n<function={name}>\n" + "".join(f"<parameter={k}>{_text(v)}</parameter>\n"
-                                                                   for k, v in args.items()) + "</function>\n</seed:tool_call>")
+        params = "".join(f"<parameter={k}>{_text(v)}</parameter>\n" for k, v in args.items())
+        return f"<seed:tool_call>\n<function={name}>\n{params}</function>\n</seed:tool_call>"
     if fmt in ("minimax", "dsml"):
         p = "｜DSML｜" if fmt == "dsml" else ""
         typed = (lambda v: f' string="{str(isinstance(v, str)).lower()}"') if fmt == "dsml" else (lambda v: "")

@@ -67,8 +67,8 @@ _preserved: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], dict[in
 
 def preserved_tokens(model: LoadedModel) -> dict[int, bytes]:
     """The special tokens that carry the model's reply structure (harmony's `<|channel|>`, Kimi's section
-    markers...), id -> their text: the engine emits their text, which the detokenizer would otherwise hide, so
-    the reply parser sees them. Markers the vocabulary spells as plain text need nothing. Cached per tokenizer."""
+    markers...), id -> their text: the engine emits that text, which the detokenizer would otherwise hide, so the
+    reply parser sees them. Cached per tokenizer, template and architecture."""
     template, arch = template_of(model) or "", architecture(model)
     tok = model.runner.tokenizer
     try:
@@ -78,20 +78,26 @@ def preserved_tokens(model: LoadedModel) -> dict[int, bytes]:
     key = (template, arch)
     if key not in per_tok:
         fmt = formats.detect(template, arch)
-        markers = fmt.markers() if fmt else formats.THINK
-        found: dict[int, bytes] = {}
-        for marker in markers:
-            try:
-                ids = tok.encode(marker, add_special=False, parse_special=True)
-            except Exception:  # noqa: BLE001 - a tokenizer that cannot encode it has no such token
-                continue
-            text = marker.encode("utf-8")
-            if len(ids) == 1 and ids[0] not in tok.eos_ids and tok.token_bytes(ids[0]) != text:
-                found[ids[0]] = text
         if len(per_tok) > 16:
             per_tok.clear()
-        per_tok[key] = found
+        per_tok[key] = structure_tokens(tok, fmt.markers() if fmt else formats.THINK)
     return per_tok[key]
+
+
+def structure_tokens(tok: Any, markers: tuple[str, ...]) -> dict[int, bytes]:
+    """Of `markers`, those that are one special token whose text the tokenizer hides: id -> text. A marker the
+    vocabulary spells as plain text needs nothing, and an end-of-generation token ends the reply instead
+    (the parser takes the end of the output as its end: gpt-oss's `<|call|>`)."""
+    found: dict[int, bytes] = {}
+    for marker in markers:
+        try:
+            ids = tok.encode(marker, add_special=False, parse_special=True)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot encode it has no such token
+            continue
+        text = marker.encode("utf-8")
+        if len(ids) == 1 and ids[0] not in tok.eos_ids and tok.token_bytes(ids[0]) != text:
+            found[ids[0]] = text
+    return found
 
 
 def _special_text(model: LoadedModel, token_id: int | None) -> str:

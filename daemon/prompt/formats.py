@@ -47,8 +47,10 @@ HARMONY = ReplyFormat("gpt-oss (harmony)", "harmony", ("<|channel|>analysis<|mes
                       harmony=True, structure=("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
                                                "<|call|>", "<|return|>"))
 
-# (format, template markers that must all be present, architectures that imply it); first match wins
-_TABLE: tuple[tuple[ReplyFormat, tuple[str, ...], tuple[str, ...]], ...] = (
+# (format, template markers that must all be present, architectures that imply it); first match wins; None: a
+# family known to write its own markup that no parser here reads (its replies come back as content)
+_TABLE: tuple[tuple[ReplyFormat | None, tuple[str, ...], tuple[str, ...]], ...] = (
+    (None, ("]<]minimax[>[",), ()),  # MiniMax M3
     (HARMONY, ("<|channel|>", "<|message|>"), ("gpt-oss", "gptoss")),
     (ReplyFormat("Kimi K2", "kimi", calls_in_thinking=True), ("<|tool_calls_section_begin|>",), ()),
     (ReplyFormat("DeepSeek V3.2 (DSML)", "dsml"), ("｜DSML｜",), ()),
@@ -93,7 +95,7 @@ def _detect(template: str, arch: str) -> ReplyFormat | None:
         if needles and all(n in template for n in needles):
             return fmt
     for fmt, _, archs in _TABLE:
-        if arch and arch in archs:
+        if arch and arch in archs and fmt is not None:
             return fmt
     if "<think>" in template:
         return THINK_ONLY

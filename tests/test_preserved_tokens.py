@@ -113,3 +113,27 @@ def test_structure_tokens_from_a_real_vocabulary(fixtures_dir) -> None:  # type:
         assert found == {start: b"<|im_start|>"}  # <tool_call> is spelled in text; <|im_end|> ends the reply
     finally:
         qwen.close()
+
+
+def test_hf_tokenizer_keeps_harmony_going_after_end() -> None:
+    """gpt-oss on torch/MLX: `<|end|>` closes a message (the analysis) and the reply goes on to its final channel;
+    `<|return|>` and `<|call|>` end it, as llama.cpp decides for this vocabulary. Its markers are hidden control
+    tokens, so the reply format preserves them."""
+    from tokenizers import Tokenizer, models
+
+    from evenflow.backends.common.hf_tokenizer import HFTokenizer
+
+    specials = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+    vocab = {ch: i for i, ch in enumerate("abcdefghijklmnopqrstuvwxyz")}
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    hf.add_special_tokens(specials)
+    ids = {s: hf.token_to_id(s) for s in specials}
+    # generation_config.json lists <|return|> and <|call|>; <|end|> is on the generic end-of-turn list
+    tok = HFTokenizer(hf, bos_id=None, eos_ids=[ids["<|return|>"], ids["<|call|>"]], add_bos=False,
+                      byte_scheme="byte_level")
+    assert ids["<|return|>"] in tok.eos_ids and ids["<|call|>"] in tok.eos_ids and ids["<|end|>"] not in tok.eos_ids
+    assert structure_tokens(tok, HARMONY.markers()) == {ids[s]: s.encode() for s in specials[:5]}
+    plain = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    plain.add_special_tokens(["<|end|>"])  # Phi-3's end of turn: still the end
+    assert plain.token_to_id("<|end|>") in HFTokenizer(plain, bos_id=None, eos_ids=[], add_bos=False,
+                                                       byte_scheme="byte_level").eos_ids

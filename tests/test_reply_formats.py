@@ -205,6 +205,9 @@ def test_architecture_picks_the_format_where_the_template_is_silent() -> None:
     assert formats.detect("{{ .Prompt }}", "gpt-oss").harmony
     assert formats.detect(None, "glm4moe").tools == "glm"
     assert formats.detect("{{ .Prompt }}", "llama") is None
+    # a scripted test model runs as gpt2 and names the family it speaks
+    assert formats.family_architecture("gpt2", {formats.SCRIPTED_ARCHITECTURE: "gpt-oss"}) == "gpt-oss"
+    assert formats.family_architecture("qwen3", {}) == "qwen3"
     h = ReplyParser("{{ .Prompt }}", "", None, TOOLS, "gpt-oss")
     assert h.parse_all(SAMPLES[0].output) == ("The user wants the weather.", "",
                                               [{"function": {"index": 0, "name": "get_weather", "arguments": PARIS}}])

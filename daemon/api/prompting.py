@@ -32,7 +32,7 @@ def full_name(model: LoadedModel) -> str:
 def architecture(model: LoadedModel) -> str | None:
     """The model's `general.architecture` (its family's reply format may follow from it: gpt-oss)."""
     info = getattr(model.runner, "info", None)
-    return getattr(info, "architecture", None) or None
+    return formats.family_architecture(getattr(info, "architecture", None), getattr(info, "metadata", None)) or None
 
 
 def capabilities(model: LoadedModel) -> list[str]:

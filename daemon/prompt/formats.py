@@ -84,6 +84,17 @@ _TABLE: tuple[tuple[ReplyFormat | None, tuple[str, ...], tuple[str, ...]], ...] 
 THINK_ONLY = ReplyFormat("<think> tags")
 
 
+# A scripted test model (backends/synthetic/scripted.py) runs as llama.cpp's `gpt2` and names here the family whose
+# replies it writes: for choosing a reply format it stands in for `general.architecture`.
+SCRIPTED_ARCHITECTURE = "evenflow.scripted.architecture"
+
+
+def family_architecture(arch: str | None, metadata: dict | None) -> str | None:
+    """The architecture whose reply format a model writes: its GGUF's, or the family a scripted model names."""
+    named = (metadata or {}).get(SCRIPTED_ARCHITECTURE)
+    return named if isinstance(named, str) and named else arch
+
+
 def detect(template: str | None, arch: str | None = None) -> ReplyFormat | None:
     """The reply format of a model with this template and architecture; None when neither says."""
     return _detect(template or "", (arch or "").lower())

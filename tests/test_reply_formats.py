@@ -18,7 +18,8 @@ from reply_samples import PARIS, ROME, SAMPLES, TOOLS, Sample, call
 IDS = [s.id for s in SAMPLES]
 
 
-def parser(s: Sample, think: bool | str | None = True, tools: list | None = TOOLS) -> ReplyParser:
+def parser(s: Sample, think: bool | str | None = None, tools: list | None = TOOLS) -> ReplyParser:
+    think = think if think is not None else True if s.think is None else s.think  # the daemon's default: on
     return ReplyParser(s.markers, "...prompt..." + s.prompt_tail, think, tools, s.arch)
 
 
@@ -169,7 +170,8 @@ def test_harmony_thinks_whatever_think_says() -> None:
     """gpt-oss cannot stop thinking: with think false its analysis channel is still thinking, never content."""
     s = next(x for x in SAMPLES if x.id == "harmony-final")
     for think in (False, None, "low", "high"):
-        assert feed_pieces(parser(s, think=think, tools=None), list(s.output)) == expected(s)
+        p = ReplyParser(s.markers, s.prompt_tail, think, None)
+        assert feed_pieces(p, list(s.output)) == expected(s)
     # no markers at all (a backend that hid them): the text comes back as content, not dropped
     plain = "analysisThe user says hi.assistantfinalHello!"
     assert feed_pieces(parser(s, tools=None), list(plain)) == ("", plain, [])

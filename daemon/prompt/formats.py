@@ -60,7 +60,7 @@ _TABLE: tuple[tuple[ReplyFormat | None, tuple[str, ...], tuple[str, ...]], ...] 
     (ReplyFormat("Seed-OSS", "seed", ("<seed:think>", "</seed:think>")), ("<seed:",), ("seed_oss",)),
     (ReplyFormat("MiniMax M2", "minimax"), ("<minimax:tool_call>",), ("minimax-m2",)),
     (ReplyFormat("Gemma 4", "gemma4", ("<|channel>thought", "<channel|>"), think_anywhere=True,
-                 drop=("<|tool_response>",), structure=('<|"|>',)), ("<|tool_call>",), ("gemma4",)),
+                 drop=("<|tool_response>",), structure=('<|"|>', "<|channel>")), ("<|tool_call>",), ("gemma4",)),
     (ReplyFormat("LFM2 / LFM2.5", "lfm2"), ("<|tool_list_start|>",), ("lfm2", "lfm2moe")),
     (ReplyFormat("LFM2 / LFM2.5", "lfm2"), ("<|tool_call_start|>",), ()),
     (ReplyFormat("Nemotron Nano v2", "nemotron"), ("<TOOLCALL>",), ()),

@@ -241,3 +241,24 @@ def test_pythonic_calls_are_never_evaluated() -> None:
     assert pythonic_calls("[f(a=[1, {'b': None}], c=true)]") == [
         {"function": {"name": "f", "arguments": {"a": [1, {"b": None}], "c": True}}}]
     assert pythonic_calls("[f(1)]") is None and pythonic_calls("[x]") is None
+
+
+FAMILY_SAMPLES = {s.family: s for s in reversed(SAMPLES)}  # one sample per family: its markers and prompt
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+@pytest.mark.parametrize("s", list(FAMILY_SAMPLES.values()), ids=list(FAMILY_SAMPLES))
+def test_any_text_parses_the_same_however_split(s: Sample, data: st.DataObject) -> None:
+    """Arbitrary mixes of a family's markers, JSON, words and whitespace (well-formed or not): every split gives
+    what the whole gives, and nothing raises."""
+    fmt = formats.detect(s.markers, s.arch)
+    pieces = [*fmt.markers(), *fmt.markers(), "get_weather", "functions.get_weather", ' {"city": "Paris"}', "{", "}",
+              "[", "]", '"', "\n", " ", "  ", "<", "|", ">", "hello", "Paris", "=", ":", "call:", "assistant",
+              " to=functions.get_weather", "analysis", "final", "commentary", "json"]
+    text = "".join(data.draw(st.lists(st.sampled_from(pieces), max_size=30)))
+    whole = feed_pieces(parser(s), [text])
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=10))) if len(text) > 1 else []
+    split = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    assert feed_pieces(parser(s), split) == whole
+    assert feed_pieces(parser(s), list(text) or [""]) == whole

@@ -64,11 +64,12 @@ class HarmonyParser:
         while True:
             if self.state == "header":
                 j = self.buf.find(MESSAGE)
+                if (j if j != -1 else len(self.buf)) - self.implicit > _HEADER_MAX:  # not harmony: as it is
+                    self.raw, rest = True, self.buf[self.implicit:]
+                    self.buf = ""
+                    content.append(rest)
+                    break
                 if j == -1:
-                    if len(self.buf) - self.implicit > _HEADER_MAX:  # not harmony: show it as it is
-                        self.raw, rest = True, self.buf[self.implicit:]
-                        self.buf = ""
-                        content.append(rest)
                     break
                 self._header(self.buf[:j])
                 self.head = self.buf[self.implicit:j + len(MESSAGE)]  # as the reply wrote it
@@ -87,11 +88,11 @@ class HarmonyParser:
                 self.state = "between"
             else:  # between messages: a new header starts at <|start|> (or straight at <|channel|>)
                 starts = [(self.buf.find(m), m) for m in (START, CHANNEL) if m in self.buf]
-                if not starts:
+                if not starts:  # stray text (whitespace kept back: between messages it is nothing)
                     keep = _held(self.buf, (START, CHANNEL))
-                    stray = self.buf[:len(self.buf) - keep]
-                    if stray.strip():
-                        content.append(stray)
+                    keep += len(self.buf) - keep - len(self.buf[:len(self.buf) - keep].rstrip())
+                    if keep < len(self.buf):
+                        content.append(self.buf[:len(self.buf) - keep])
                     self.buf = self.buf[len(self.buf) - keep:]
                     break
                 at, marker = min(starts)

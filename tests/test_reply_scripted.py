@@ -253,3 +253,26 @@ def test_reply_on_every_api(daemon: Daemon, s: Sample) -> None:
         got = list(pool.map(lambda a: APIS[a[0]](daemon.url, s, a[1]), asks))
     for (api, stream), answer in zip(asks, got):
         assert answer == want, f"{api} {'streamed' if stream else 'whole'}"
+
+
+def test_structured_answer_after_thinking_that_cannot_be_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """gpt-oss thinks even with think false: a `format` constrains its final channel, not its analysis (a grammar
+    from the first token would break the reply's harmony)."""
+    s = next(x for x in SAMPLES if x.id == "harmony-final")
+    answer = '{"greeting": "hi"}'
+    reply = "<|channel|>analysis<|message|>Say hi as JSON.<|end|><|start|>assistant<|channel|>final<|message|>" + answer
+    template = _template(s)
+    q = "Greet me in JSON."
+    prompt = render_messages(template, [{"role": "user", "content": q}], think=False, arch="gpt-oss")
+    spec = scripted.ScriptedSpec(vocab=str(FIXTURES / "vocab" / "ggml-vocab-gpt-2.gguf"), chat_template=template,
+                                 replies=(scripted.Reply(prompt=prompt[prompt.rindex(q):], text=reply, end="<|return|>"),),
+                                 architecture="gpt-oss", special_tokens=FAMILY_TOKENS[s.family][1])
+    d = start_daemon(tmp_path, backend="llamacpp", context_length="2048")
+    try:
+        upload_model(d.url, scripted.cached_scripted(spec), "gptoss")
+        schema = {"type": "object", "properties": {"greeting": {"type": "string"}}, "required": ["greeting"]}
+        r = ollama.Client(host=d.url).chat("gptoss", messages=[{"role": "user", "content": q}], think=False,
+                                           format=schema, options={"temperature": 0})
+        assert (r.message.thinking, r.message.content) == ("Say hi as JSON.", answer)
+    finally:
+        d.stop()

@@ -50,10 +50,11 @@ def check_format(fmt: Any) -> str | None:
 
 def constraint_for(model: LoadedModel, grammar: str | None, think: bool | str | None) -> Constraint | None:
     """The grammar as this model's matcher. With thinking on, the thinking stays free and the answer after
-    the closing tag is constrained (Ollama generates until thinking ends, then applies the grammar)."""
+    the closing tag is constrained (Ollama generates until thinking ends, then applies the grammar); so too for a
+    model that thinks whatever `think` says (gpt-oss: the answer is its final channel)."""
     if grammar is None:
         return None
-    tags = prompting.thinking_tags(model) if think else None
+    tags = prompting.thinking_tags(model) if think or prompting.always_thinks(model) else None
     try:
         return model.engine.grammars.compile(grammar, start_after=tags[1] if tags else None)
     except GrammarError as e:

@@ -49,6 +49,12 @@ def thinking_tags(model: LoadedModel) -> tuple[str, str] | None:
     return tpl.thinking_tags(template_of(model), architecture(model))
 
 
+def always_thinks(model: LoadedModel) -> bool:
+    """Whether the model's replies hold thinking whatever the request asks (gpt-oss, Apriel)."""
+    fmt = formats.detect(template_of(model), architecture(model))
+    return fmt is not None and (fmt.harmony or fmt.think_implicit)
+
+
 def resolve_think(model: LoadedModel, think: bool | str | None) -> bool | str | None:
     """None/False: no thinking; a thinking-capable model defaults to on (as Ollama); 400 where unsupported."""
     capable = thinking_tags(model) is not None

@@ -264,9 +264,9 @@ def test_structured_answer_after_thinking_that_cannot_be_off(tmp_path) -> None: 
     template = _template(s)
     q = "Greet me in JSON."
     prompt = render_messages(template, [{"role": "user", "content": q}], think=False, arch="gpt-oss")
+    script = scripted.Reply(prompt=prompt[prompt.rindex(q):], text=reply, end="<|return|>")
     spec = scripted.ScriptedSpec(vocab=str(FIXTURES / "vocab" / "ggml-vocab-gpt-2.gguf"), chat_template=template,
-                                 replies=(scripted.Reply(prompt=prompt[prompt.rindex(q):], text=reply, end="<|return|>"),),
-                                 architecture="gpt-oss", special_tokens=FAMILY_TOKENS[s.family][1])
+                                 replies=(script,), architecture="gpt-oss", special_tokens=FAMILY_TOKENS[s.family][1])
     d = start_daemon(tmp_path, backend="llamacpp", context_length="2048")
     try:
         upload_model(d.url, scripted.cached_scripted(spec), "gptoss")

@@ -1,16 +1,18 @@
 """Prompt progress told to the requests that ask for it (llama-server's `return_progress`): while a prompt waits
 and is computed, its stream gets reports of the tokens computed, cached and in all, the time since it arrived,
 and while it waits its place in the prompt order and why. Reports are throttled (a chunk can be a handful of
-tokens), except the first (when the request is queued) and the last (when its prompt is done)."""
+tokens), except the first (when the request is queued), the last (when its prompt is done) and the news that it
+waits for a slot or for KV memory (not for the step's prompt budget: that comes and goes every step)."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from .scheduler import StepPlan
+from .scheduler import WAIT_KV, WAIT_SLOT, StepPlan
 from .sequence import Delta, Sequence
 
 REPORT_EVERY_S = 0.25  # at most four reports a second per request, besides its first and last
+BLOCKED = (WAIT_SLOT, WAIT_KV)  # waiting reasons told at once
 
 
 def report(seq: Sequence, now_ns: int) -> dict[str, Any]:
@@ -27,7 +29,7 @@ class PromptProgress:
     """The engine's reporter: which sequences asked, and when each was last told."""
 
     def __init__(self) -> None:
-        self._last: dict[int, float] = {}  # seq id -> monotonic time of its last report
+        self._last: dict[int, tuple[float, str | None]] = {}  # seq id -> (monotonic time, BLOCKED reason) last told
 
     def __bool__(self) -> bool:
         return bool(self._last)
@@ -35,7 +37,7 @@ class PromptProgress:
     def add(self, seq: Sequence) -> None:
         """A request that asked for progress reached the engine: its first report (nothing computed yet)."""
         if seq.report_progress:
-            self._last[seq.seq_id] = time.monotonic()
+            self._last[seq.seq_id] = (time.monotonic(), None)
             self._push(seq)
 
     def forget(self, seq_id: int) -> None:
@@ -45,12 +47,13 @@ class PromptProgress:
         """After a step's prompt chunks are computed: report the watched prompts that ran or waited."""
         now = time.monotonic()
         for seq in [s.seq for s in plan.spans[plan.num_decodes:]] + plan.waiting:
-            last = self._last.get(seq.seq_id)
-            if last is None:
+            told = self._last.get(seq.seq_id)
+            if told is None:
                 continue
+            reason = seq.wait[1] if seq.wait is not None and seq.wait[1] in BLOCKED else None
             done = seq.num_computed >= len(seq.prompt_ids)
-            if done or now - last >= REPORT_EVERY_S:
-                self._last[seq.seq_id] = now
+            if done or reason != told[1] or now - told[0] >= REPORT_EVERY_S:
+                self._last[seq.seq_id] = (now, reason)
                 self._push(seq)
             if done:  # its first token comes next: no more progress for it
                 del self._last[seq.seq_id]

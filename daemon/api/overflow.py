@@ -175,8 +175,8 @@ def announce(events: Any, endpoint: str, model: str, seq_id: int, prompt_tokens:
     """The WARNING line and the /api/events event of a truncated prompt (the response tells its client)."""
     what = f"{truncation.messages} oldest messages and " if truncation.messages else ""
     log.warning("request %d (%s %s): the prompt did not fit the context of %d tokens; dropped %s%s%d tokens "
-                "(%d kept); `truncate: false` refuses such a prompt instead", seq_id, endpoint, model, window, what,
-                "about " if truncation.approximate else "", truncation.tokens, prompt_tokens)
+                "(%d kept)", seq_id, endpoint, model, window, what, "about " if truncation.approximate else "",
+                truncation.tokens, prompt_tokens)
     events.publish({"type": "request", "event": "truncated", "time": time.time(), "model": model, "seq_id": seq_id,
                     "user": {"model": model, "endpoint": endpoint}, "prompt_tokens": prompt_tokens,
                     "window": window, **truncation.report()})

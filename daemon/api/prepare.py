@@ -26,6 +26,7 @@ IMAGE_TOKENS = 768  # an image's positions as estimated while a chat is cut to f
 OPEN_ENDED_WINDOWS = 10  # with `shift`, num_predict -1 stops after this many windows (Ollama's bound)
 NOT_TRUNCATED = "; `truncate` is false: nothing was dropped to fit"
 OPENAI_HINT = " Send \"truncation\": \"auto\" to drop the oldest messages instead."
+OPENAI_PROMPT_HINT = " Send \"truncation\": \"auto\" to keep the prompt's start and end instead."
 
 
 @dataclass
@@ -350,17 +351,16 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
     window = check_num_ctx(model, None)
     truncate = openai_truncation(req.truncation)
     limit = prompt_size.char_limit(model, window, len(req.prompt) + len(req.suffix or ""))
-    if req.suffix:
-        text, add = prompting.render_generate(model, req.prompt, system=None, suffix=req.suffix, template=None,
-                                              think=None, window=window, max_chars=None if truncate else limit)
-    else:
-        text, add = req.prompt, True
     params = openai_params(req, model)
     try:
+        if req.suffix:
+            text, add = prompting.render_generate(model, req.prompt, system=None, suffix=req.suffix, template=None,
+                                                  think=None, window=window, max_chars=None if truncate else limit)
+        else:
+            text, add = req.prompt, True
         ids, cut = overflow.fit_prompt(model, text, add, [], window, limit, params.num_keep, truncate)
     except ContextOverflow as e:
-        raise e.as_openai("prompt", "" if truncate else OPENAI_HINT.replace("oldest messages", "middle of the "
-                                                                                                "prompt")) from None
+        raise e.as_openai("prompt", "" if truncate else OPENAI_PROMPT_HINT) from None
     prep = _finish(model, text, ids, params, window, grammar=response_format_grammar(req.response_format))
     prep.truncation = cut
     prep.logprobs, prep.n = completion_logprobs(req), openai_choices(req, model)

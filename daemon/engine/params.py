@@ -44,6 +44,9 @@ class SamplingParams:
     ignore_eos: bool = False  # an extension (llama-server, vLLM): end-of-generation tokens are never sampled
     num_keep: int = 4  # tokens (after BOS) a context shift keeps at the start; -1 = the whole prompt (Ollama's)
     shift: bool = False  # the window full: drop its middle and go on (Ollama's `shift`), else stop with "length"
+    # Not an option: special tokens whose text is part of the output (id -> bytes), the markers of the model's
+    # reply format that the reply parser reads (harmony's <|channel|>); every other special token stays hidden.
+    preserved_tokens: dict[int, bytes] = field(default_factory=dict, metadata={"option": False})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,7 +98,8 @@ class SamplingParams:
     def from_options(cls, options: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> "SamplingParams":
         """Ollama precedence: built-in defaults < `defaults` (model PARAMETERs) < request `options`."""
         merged: dict[str, Any] = {}
-        known = {f.name for f in fields(cls)} - {"shift"}  # a request field (Ollama's), not an option
+        # `shift` is a request field (Ollama's), `preserved_tokens` the reply format's: neither is an option
+        known = {f.name for f in fields(cls) if f.metadata.get("option", True)} - {"shift"}
         for layer in (defaults or {}, options or {}):
             if not isinstance(layer, dict):
                 raise InvalidParams(f"options must be an object, got {type(layer).__name__}")

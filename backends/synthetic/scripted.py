@@ -1,0 +1,176 @@
+"""Scripted models: GGUFs whose greedy output after a given prompt is a given text, in a real family's vocabulary
+and chat template, so a family's real output bytes travel the daemon's real path (tokenizer -> engine ->
+detokenizer -> reply parser -> API) in tests.
+
+    spec = ScriptedSpec(vocab=".../ggml-vocab-qwen2.gguf", chat_template=open(".../Qwen-Qwen3-0.6B.jinja").read(),
+                        architecture="qwen3", special_tokens={"<think>": "user_defined", "</think>": "user_defined"},
+                        replies=(Reply(prompt="...<|im_start|>user\\nWeather in Paris?<|im_end|>\\n<|im_start|>"
+                                              "assistant\\n", text="<think>\\nTool.\\n</think>\\n\\n<tool_call>..."),))
+    path = cached_scripted(spec)          # or write_scripted(spec, path)
+
+How it works (scripted_weights.py has the arithmetic): a one-layer GPT-2 (llama.cpp architecture `gpt2`: learned
+position embeddings, LayerNorm, GELU) predicts the next token from the last 17 tokens only. Sixteen attention heads
+copy the 16 previous tokens into their own slots of the residual stream, steered by the position embeddings; one MLP
+neuron per script token recognises the shortest context that tells it apart and writes that token's logit. So a
+reply depends on the prompt's tail only (the prompt before it may be anything, of any length), several replies live
+in one model (told apart by their prompts' tails, e.g. the user's last words), and chunked prefill, prefix-cache
+hits and batching cannot change the output. A context no reply knows gives the end-of-generation token: an empty
+reply. The script ends with `Reply.end` (default: the vocabulary's EOS), so `done_reason` is `stop`.
+
+The vocabulary is the family's real one (fixtures/vocab) with `special_tokens` added where the family has them:
+into the vocab's reserved slots (`[PAD…]`, `<|reserved_special_token_…|>`), else appended, as control tokens (which
+llama.cpp prints only when asked) or user-defined ones (always printed), so how the daemon turns special tokens
+into text is part of what a test sees. llama.cpp cannot run a gpt2-shaped file that names another architecture, so
+`general.architecture` is `gpt2` and the family's own architecture is stored as ARCHITECTURE_KEY for the daemon's
+format detection to read.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .scripted_vocab import FamilyVocab, VocabTokenizer, add_vocab_fields, family_vocab, gguf_writer
+from .scripted_weights import N_EMBD, N_HEAD, NORM_EPS, SparseRows, build_tensors, compile_neurons
+from .spec import file_sha256
+from .tokenizer import cache_dir
+
+log = logging.getLogger(__name__)
+
+SCRIPTED_VERSION = 1  # bump when the bytes written for an unchanged spec change
+ARCHITECTURE_KEY = "evenflow.scripted.architecture"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """After a prompt ending like `prompt` (a whole rendered prompt, or enough of its tail), the model emits `text`
+    (tokenized with the model's vocabulary, special tokens parsed) and then `end`."""
+
+    prompt: str
+    text: str
+    end: str | None = None  # the end-of-generation token's text; None: the vocabulary's EOS
+
+
+@dataclass(frozen=True)
+class ScriptedSpec:
+    """Everything that determines a scripted model's file."""
+
+    vocab: str  # a vocab-only GGUF, e.g. shared/fixtures/vocab/ggml-vocab-qwen2.gguf
+    replies: tuple[Reply, ...]
+    chat_template: str | None = None  # the family's real template (tokenizer.chat_template)
+    architecture: str | None = None  # the family's GGUF architecture (qwen3, llama, ...): ARCHITECTURE_KEY
+    special_tokens: dict[str, str] = field(default_factory=dict)  # text -> "control" | "user_defined"
+    token_ids: dict[str, str] = field(default_factory=dict)  # bos / eos / eot / eom -> token text
+    add_bos: bool | None = None  # None: as the vocabulary says
+    context_length: int = 4096
+    name: str = "evenflow-scripted"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["vocab"] = file_sha256(self.vocab)  # the bytes, not where they are
+        return d
+
+
+def spec_digest(spec: ScriptedSpec) -> str:
+    payload = {"version": SCRIPTED_VERSION, **spec.to_dict()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _sequences(spec: ScriptedSpec, vocab: FamilyVocab) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(prompt ids, script ids) per reply, as llama.cpp tokenizes them, and the default end token."""
+    default_end = vocab.id_of("eos")
+    if default_end is None:
+        raise ValueError(f"{spec.vocab}: the vocabulary names no EOS token; set token_ids={{'eos': ...}}")
+    out = []
+    with VocabTokenizer(vocab, "gpt2") as tok:
+        for r in spec.replies:
+            end = default_end if r.end is None else vocab.token_id(r.end)
+            if end not in tok.eog_ids:
+                raise ValueError(f"reply end {vocab.tokens[end]!r} is not an end-of-generation token for llama.cpp")
+            out.append((tok.prompt(r.prompt), tok.encode(r.text) + [end]))
+    return out, default_end
+
+
+def write_scripted(spec: ScriptedSpec, path: str | Path) -> Path:
+    """Write the scripted model's GGUF (atomically: temp file + rename)."""
+    from gguf import GGMLQuantizationType, LlamaFileType
+
+    if not spec.replies:
+        raise ValueError("a scripted model needs at least one reply")
+    ids = dict(spec.token_ids)
+    vocab = family_vocab(spec.vocab, spec.special_tokens, ids, spec.add_bos, spec.chat_template)
+    sequences, end_id = _sequences(spec, vocab)
+    neurons = compile_neurons(sequences)
+    tensors = build_tensors(neurons, vocab.size, end_id, spec.context_length)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        w = gguf_writer(tmp, "gpt2")
+        w.add_name(spec.name)
+        w.add_type("model")
+        w.add_file_type(LlamaFileType.MOSTLY_Q8_0)
+        w.add_quantization_version(2)
+        w.add_context_length(spec.context_length)
+        w.add_embedding_length(N_EMBD)
+        w.add_block_count(1)
+        w.add_feed_forward_length(len(neurons))
+        w.add_head_count(N_HEAD)
+        w.add_layer_norm_eps(NORM_EPS)
+        w.add_bool("evenflow.synthetic", True)
+        if spec.architecture:
+            w.add_string(ARCHITECTURE_KEY, spec.architecture)
+        w.add_string("evenflow.scripted.spec_hash", spec_digest(spec))
+        add_vocab_fields(w, vocab)
+        for name, t in tensors.items():
+            if isinstance(t, SparseRows):  # token_embd, the only big tensor: Q8_0 holds its ±1, ±EPS codes exactly
+                w.add_tensor(name, sparse_q8_0(t), raw_dtype=GGMLQuantizationType.Q8_0)
+            else:
+                w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("wrote scripted model %s (%d replies, %d neurons) to %s", spec.name, len(spec.replies), len(neurons), path)
+    return path
+
+
+def q8_0(w: np.ndarray) -> np.ndarray:
+    """Q8_0 blocks (f16 scale + 32 int8) of a float32 matrix, as bytes per row; vectorised (gguf-py's takes
+    seconds for a 150k-row matrix)."""
+    rows, cols = w.shape
+    blocks = w.reshape(-1, 32)
+    d = (np.abs(blocks).max(axis=1) / 127).astype(np.float16)
+    inv = np.divide(1.0, d.astype(np.float32), out=np.zeros(len(d), dtype=np.float32), where=d != 0)
+    q = np.round(blocks * inv[:, None]).astype(np.int8)
+    out = np.concatenate([d.view(np.uint8).reshape(-1, 2), q.view(np.uint8)], axis=1)
+    return out.reshape(rows, cols // 32 * 34)
+
+
+def sparse_q8_0(m: SparseRows) -> np.ndarray:
+    """q8_0 of a SparseRows matrix: the default row's blocks tiled, the few other rows quantized alone."""
+    out = np.tile(q8_0(m.default[None, :]), (m.n_rows, 1))
+    if m.rows:
+        ids = sorted(m.rows)
+        out[ids] = q8_0(np.stack([m.rows[i] for i in ids]))
+    return out
+
+
+def cached_scripted(spec: ScriptedSpec) -> Path:
+    """The spec's GGUF under cache_dir()/scripted, written once per spec."""
+    path = cache_dir() / "scripted" / f"{spec_digest(spec)[:20]}.gguf"
+    if not path.exists():
+        write_scripted(spec, path)
+    return path

@@ -143,7 +143,7 @@ def test_contexts_are_the_shortest_that_tell_the_next_token_apart() -> None:
 
 
 def test_a_script_the_context_cannot_tell_apart_is_refused() -> None:
-    with pytest.raises(ValueError, match=f"looks {CONTEXT} tokens back"):
+    with pytest.raises(ValueError, match=f"sees {CONTEXT} tokens back"):
         compile_neurons([([1, 2], [5] * (CONTEXT + 2) + [6])])
     with pytest.raises(ValueError, match="longer prompt"):  # two replies after the same one-token prompt
         compile_neurons([([1], [5]), ([1], [6])])

@@ -31,12 +31,13 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from .scripted_vocab import FamilyVocab, VocabTokenizer, add_vocab_fields, family_vocab, gguf_writer
+from .scripted_vocab import add_vocab_fields, family_tokenizer, family_vocab, gguf_writer
 from .scripted_weights import N_EMBD, N_HEAD, NORM_EPS, SparseRows, build_tensors, compile_neurons
 from .spec import file_sha256
 from .tokenizer import cache_dir
@@ -82,19 +83,42 @@ def spec_digest(spec: ScriptedSpec) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _sequences(spec: ScriptedSpec, vocab: FamilyVocab) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """(prompt ids, script ids) per reply, as llama.cpp tokenizes them, and the default end token."""
+Sequences = list[tuple[list[int], list[int]]]
+
+
+def _sequences(spec: ScriptedSpec) -> tuple[Sequences, int, Callable[[list[int]], str]]:
+    """(prompt ids, script ids + end id) per reply, as llama.cpp tokenizes them; the default end token; ids -> text."""
+    vocab, tok = family_tokenizer(spec.vocab, spec.special_tokens, spec.token_ids, spec.add_bos)
     default_end = vocab.id_of("eos")
     if default_end is None:
         raise ValueError(f"{spec.vocab}: the vocabulary names no EOS token; set token_ids={{'eos': ...}}")
     out = []
-    with VocabTokenizer(vocab, "gpt2") as tok:
-        for r in spec.replies:
-            end = default_end if r.end is None else vocab.token_id(r.end)
-            if end not in tok.eog_ids:
-                raise ValueError(f"reply end {vocab.tokens[end]!r} is not an end-of-generation token for llama.cpp")
-            out.append((tok.prompt(r.prompt), tok.encode(r.text) + [end]))
-    return out, default_end
+    for r in spec.replies:
+        end = default_end if r.end is None else vocab.token_id(r.end)
+        if end not in tok.eog_ids:
+            raise ValueError(f"reply end {vocab.tokens[end]!r} is not an end-of-generation token for llama.cpp")
+        out.append((tok.prompt(r.prompt), tok.encode(r.text) + [end]))
+    return out, default_end, tok.text
+
+
+def group_replies(spec: ScriptedSpec) -> list[ScriptedSpec]:
+    """`spec` split into as few specs as keep every reply apart (two replies sharing a stretch of CONTEXT tokens with
+    different continuations cannot live in one model), in order; each keeps the name with a -N suffix past the first."""
+    sequences, _, _ = _sequences(spec)
+    groups: list[list[int]] = []
+    for i in range(len(sequences)):
+        for g in groups:
+            try:
+                compile_neurons([sequences[j] for j in g + [i]])
+            except ValueError:
+                continue
+            g.append(i)
+            break
+        else:
+            compile_neurons([sequences[i]])  # a reply that clashes with itself: its own message
+            groups.append([i])
+    return [replace(spec, replies=tuple(spec.replies[j] for j in g), name=spec.name + (f"-{n}" if n else ""))
+            for n, g in enumerate(groups)]
 
 
 def write_scripted(spec: ScriptedSpec, path: str | Path) -> Path:
@@ -103,10 +127,9 @@ def write_scripted(spec: ScriptedSpec, path: str | Path) -> Path:
 
     if not spec.replies:
         raise ValueError("a scripted model needs at least one reply")
-    ids = dict(spec.token_ids)
-    vocab = family_vocab(spec.vocab, spec.special_tokens, ids, spec.add_bos, spec.chat_template)
-    sequences, end_id = _sequences(spec, vocab)
-    neurons = compile_neurons(sequences)
+    sequences, end_id, text = _sequences(spec)
+    neurons = compile_neurons(sequences, text)
+    vocab = family_vocab(spec.vocab, spec.special_tokens, spec.token_ids, spec.add_bos, spec.chat_template)
     tensors = build_tensors(neurons, vocab.size, end_id, spec.context_length)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

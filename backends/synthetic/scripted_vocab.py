@@ -153,20 +153,24 @@ def add_vocab_fields(writer: Any, vocab: FamilyVocab) -> None:
 
 
 class VocabTokenizer:
-    """llama.cpp's tokenizer over a FamilyVocab (a vocab-only GGUF in a temporary file); a context manager."""
+    """llama.cpp's tokenizer over a FamilyVocab (read from a vocab-only GGUF in a temporary file, deleted once read);
+    valid until close()."""
 
-    def __init__(self, vocab: FamilyVocab, architecture: str) -> None:
-        fd, self._path = tempfile.mkstemp(prefix="evenflow-vocab-", suffix=".gguf")
-        os.close(fd)
-        writer = gguf_writer(self._path, architecture)
-        add_vocab_fields(writer, vocab)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+    def __init__(self, vocab: FamilyVocab, architecture: str = "gpt2") -> None:
         from ..llamacpp.tokenizer import open_vocab  # llama.cpp's own tokenizer: what the daemon will run
 
-        self._tok = open_vocab(self._path)
+        fd, path = tempfile.mkstemp(prefix="evenflow-vocab-", suffix=".gguf")
+        os.close(fd)
+        try:
+            writer = gguf_writer(path, architecture)
+            add_vocab_fields(writer, vocab)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            self._tok = open_vocab(path)  # a vocab-only load reads the file whole
+        finally:
+            Path(path).unlink(missing_ok=True)
 
     def encode(self, text: str) -> list[int]:
         """Text as the daemon tokenizes a rendered prompt's middle: special tokens parsed, no BOS added."""
@@ -176,8 +180,8 @@ class VocabTokenizer:
         """A whole rendered prompt, as the daemon tokenizes it (BOS per the vocab's rule)."""
         return self._tok.encode(text, add_special=True, parse_special=True)
 
-    def piece(self, token_id: int) -> bytes:
-        return self._tok.token_bytes(token_id)
+    def text(self, ids: list[int]) -> str:
+        return b"".join(self._tok.token_bytes(t) for t in ids).decode("utf-8", "replace")
 
     @property
     def eog_ids(self) -> set[int]:
@@ -185,10 +189,19 @@ class VocabTokenizer:
 
     def close(self) -> None:
         self._tok.close()
-        Path(self._path).unlink(missing_ok=True)
 
-    def __enter__(self) -> "VocabTokenizer":
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str, mtime_ns: int, special: tuple[tuple[str, str], ...], ids: tuple[tuple[str, str], ...],
+               add_bos: bool | None) -> tuple[FamilyVocab, VocabTokenizer]:
+    vocab = family_vocab(path, dict(special), dict(ids), add_bos, None)
+    return vocab, VocabTokenizer(vocab)
+
+
+def family_tokenizer(vocab_path: str | Path, special_tokens: dict[str, str], ids: dict[str, str],
+                     add_bos: bool | None) -> tuple[FamilyVocab, VocabTokenizer]:
+    """family_vocab's vocabulary (without a template) and llama.cpp's tokenizer for it, kept for the next call (loading
+    a 150k-token vocabulary takes seconds)."""
+    path = str(Path(vocab_path).resolve())
+    return _tokenizer(path, os.stat(path).st_mtime_ns, tuple(special_tokens.items()),  # in order: it picks the slots
+                      tuple(sorted(ids.items())), add_bos)

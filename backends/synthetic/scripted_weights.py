@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -77,15 +78,17 @@ def position_margin(n_ctx: int) -> float:
     return float(N_FREQ - np.cos(np.outer(d, THETAS)).sum(axis=1).max())
 
 
-def compile_neurons(sequences: list[tuple[list[int], list[int]]]) -> list[Neuron]:
+def compile_neurons(sequences: list[tuple[list[int], list[int]]],
+                    describe: Callable[[list[int]], str] = str) -> list[Neuron]:
     """The neurons that make each (prompt, script) continue exactly: for every token to predict, the shortest context
-    (up to CONTEXT tokens) that no position predicting another token shares. ValueError where none is short enough."""
-    positions: list[tuple[list[int], int, int]] = []  # (sequence, index of the current token, next token)
-    for prompt, script in sequences:
+    (up to CONTEXT tokens) that no position predicting another token shares. ValueError where none is short enough;
+    `describe` shows token ids in its message."""
+    positions: list[tuple[int, list[int], int, int]] = []  # (reply, sequence, index of the current token, next)
+    for r, (prompt, script) in enumerate(sequences):
         if not prompt:
-            raise ValueError("a scripted reply needs a non-empty prompt to follow")
+            raise ValueError(f"reply {r}: a scripted reply needs a non-empty prompt to follow")
         z = list(prompt) + list(script)
-        positions += [(z, q, z[q + 1]) for q in range(len(prompt) - 1, len(z) - 1)]
+        positions += [(r, z, q, z[q + 1]) for q in range(len(prompt) - 1, len(z) - 1)]
     index: dict[int, dict[tuple[int, ...], set[int]]] = {}
 
     def context(z: list[int], q: int, m: int) -> tuple[int, ...]:
@@ -96,7 +99,7 @@ def compile_neurons(sequences: list[tuple[list[int], list[int]]]) -> list[Neuron
         m = len(ctx)
         if m not in index:
             index[m] = {}
-            for z, q, t in positions:
+            for _, z, q, t in positions:
                 index[m].setdefault(context(z, q, m), set()).add(t)
         out = set(index[m].get(ctx, ()))
         for n in range(1, m):  # positions with only n tokens before them (a prompt shorter than the context)
@@ -104,19 +107,21 @@ def compile_neurons(sequences: list[tuple[list[int], list[int]]]) -> list[Neuron
         return out
 
     neurons: dict[Neuron, None] = {}
-    for z, q, target in positions:
+    for r, z, q, target in positions:
         for m in range(1, min(CONTEXT, q + 1) + 1):
             ctx = context(z, q, m)
             if targets(ctx) == {target}:
                 neurons[Neuron(ctx, target)] = None
                 break
         else:
+            others = sorted(targets(ctx) - {target})
+            where = f"reply {r}, token {q + 1 - len(sequences[r][0])} ({describe([target])!r})"
             if q + 1 < CONTEXT:
-                raise ValueError(f"token {q + 1} of a sequence ({target}): its {q + 1} tokens of prompt do not tell "
-                                 "it apart from another script token; give the reply a longer prompt")
-            raise ValueError(f"token {q + 1} of a sequence ({target}) follows the same {CONTEXT} tokens "
-                             f"{list(reversed(ctx))} as another script token: a scripted model looks {CONTEXT} "
-                             "tokens back; shorten the repeated stretch or tell the two apart sooner")
+                raise ValueError(f"{where}: its prompt of {q + 1} tokens cannot tell it apart from "
+                                 f"{describe(others)!r}; give the reply a longer prompt")
+            raise ValueError(f"{where} follows {describe(list(reversed(ctx)))!r}, as {describe(others)!r} does "
+                             f"elsewhere: a scripted model sees {CONTEXT} tokens back, so two replies (or two places "
+                             "in one) must not share that long a stretch with different continuations")
     return list(neurons)
 
 

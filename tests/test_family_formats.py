@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 from api_drivers import APIS, FINISH, Answer, Ask, ask  # noqa: E402
-from api_harness import Daemon, start_daemon, upload_model  # noqa: E402
+from api_harness import Daemon, add_model, start_daemon  # noqa: E402
 from family_cases import CASES, FAMILIES, TOOLS, Case, scripted_spec  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def daemon(tmp_path_factory, fixtures_dir: Path) -> Iterator[tuple[Daemon, dict[
                 continue
             spec = scripted_spec(fixtures_dir, family, cases)
             for part in group_replies(spec):
-                upload_model(d.url, cached_scripted(part), part.name)
+                add_model(d, cached_scripted(part), part.name)
                 model_of.update({c.id: part.name for c, r in zip(cases, spec.replies) if r in part.replies})
         yield d, model_of
     finally:

@@ -192,6 +192,7 @@ def test_a_daemon_serves_the_script_on_generate_and_chat(tmp_path: Path) -> None
         with httpx.Client(base_url=d.url, timeout=300) as c:
             info = c.post("/api/show", json={"model": "scripted"}).json()
             assert info["model_info"]["evenflow.scripted.architecture"] == "qwen3"
+            assert info["details"]["family"] == "qwen3"  # the family it stands in for, not llama.cpp's gpt2
             raw = FILLER + "<|im_start|>user\nTell me.<|im_end|>\n<|im_start|>assistant\n"
             for _ in range(2):
                 r = c.post("/api/generate", json={"model": "scripted", "prompt": raw, "raw": True, "stream": False,

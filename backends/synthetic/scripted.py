@@ -21,8 +21,8 @@ The vocabulary is the family's real one (fixtures/vocab) with `special_tokens` a
 into the vocab's reserved slots (`[PAD…]`, `<|reserved_special_token_…|>`), else appended, as control tokens (which
 llama.cpp prints only when asked) or user-defined ones (always printed), so how the daemon turns special tokens
 into text is part of what a test sees. llama.cpp cannot run a gpt2-shaped file that names another architecture, so
-`general.architecture` is `gpt2` and the family's own architecture is stored as ARCHITECTURE_KEY for the daemon's
-format detection to read.
+`general.architecture` is `gpt2` and the family's own architecture is stored as ARCHITECTURE_KEY, which the store
+reports as the model's family (/api/show details.family; daemon/store/weights.py FAMILY_KEY).
 """
 from __future__ import annotations
 

@@ -149,6 +149,21 @@ def test_a_script_the_context_cannot_tell_apart_is_refused() -> None:
         compile_neurons([([1], [5]), ([1], [6])])
 
 
+def test_clashing_replies_go_to_separate_models() -> None:
+    """Two replies sharing a stretch longer than the context with different continuations cannot share a model:
+    group_replies puts the second in a model of its own; a third that clashes with neither joins the first."""
+    from evenflow.backends.synthetic.scripted import group_replies
+
+    vocab = str(cached_model(make_spec("tiny"), formats=("gguf",))["gguf"])
+    same = " one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+    replies = (Reply("User: a?\nAssistant:", same + " A."), Reply("User: b?\nAssistant:", same + " B."),
+               Reply("User: c?\nAssistant:", " Something else."))
+    with pytest.raises(ValueError, match="tokens back"):
+        cached_scripted(ScriptedSpec(vocab=vocab, replies=replies))
+    parts = group_replies(ScriptedSpec(vocab=vocab, replies=replies, name="m"))
+    assert [(p.name, p.replies) for p in parts] == [("m", (replies[0], replies[2])), ("m-1", (replies[1],))]
+
+
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(texts=st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1,
                               max_size=40), min_size=1, max_size=3, unique=True),

@@ -9,7 +9,9 @@ Residual stream (N_EMBD = 256), every part zero-sum so LayerNorm only rescales, 
   OUT     [238, 254)  the output: a balanced ±1 codeword per used token (tied embeddings, so also in token_embd,
                       scaled down to EPS there)
 Head h-1 attends from p to p-h: its query is the position embedding rotated back by h steps, its key the position
-embedding, so the score peaks at p-h by a margin of ~2 x KAPPA (checked for the context length). One MLP neuron per
+embedding, so the score (a sum of cosines of the offset error) peaks at p-h and beats every other position within
+the context length by >= 32 (the frequencies' margin is checked, the scale set from it; the greedy search that chose
+THETAS gave a margin of ~2 for 8k positions). GELU sees +-Z = 24, where ggml computes it exactly. One MLP neuron per
 (context, next token): it sums code agreements over its context's slots, a perfect match scores 12 per slot and any
 mismatch at least 4 less (distinct balanced codewords differ in >= 2 places), and the threshold sits in the middle,
 scaled by the constant pair so it holds whatever LayerNorm's scale. A firing neuron writes A x the next token's OUT

@@ -80,8 +80,6 @@ FAMILIES = {f.name: f for f in [
 ]}
 
 _PARIS = (("get_weather", {"city": "Paris"}),)
-_MISTRAL_CONTROL = ("[TOOL_CALLS] and [ARGS] are control tokens in Mistral's vocabulary: the engine's pieces drop "
-                    "them today, so the parser never sees the call (issue 36 part 1)")
 CASES = [
     Case("qwen3", "think-call", '<think>\nThe user wants the weather in Paris, so I call the tool.\n</think>\n\n'
          '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
@@ -110,8 +108,7 @@ CASES = [
          content=f"Paris is the capital of France. {TEXT}"),
     Case("llama3.1", "tools-unused", f"No tool needed: 2 + 2 = 4. {TEXT}", content=f"No tool needed: 2 + 2 = 4. {TEXT}",
          tools=True),
-    Case("mistral-small-3.2", "call", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', calls=_PARIS, tools=True,
-         xfail=_MISTRAL_CONTROL),
+    Case("mistral-small-3.2", "call", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', calls=_PARIS, tools=True),
     Case("mistral-small-3.2", "answer", f"Bonjour ! {TEXT}", content=f"Bonjour ! {TEXT}"),
     Case("deepseek-r1", "think-call", "The user wants Paris weather.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
          "function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",

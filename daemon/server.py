@@ -15,16 +15,19 @@ from fastapi import FastAPI
 
 from ..backends import gpu_report
 from . import memory
-from .api import events as events_api
-from .api import anthropic, ollama, openai, responses
-from .api.access_log import AccessLogMiddleware
-from .api.errors import install_handlers
-from .api.events import EventHub
-from .api.guard import GuardMiddleware
-from .api.limits import LimitsMiddleware
-from .api.ollama import VERSION
-from .api.store_adapter import make_store, record_resolver
-from .api.workers import WorkerPool
+from .api.http import events as events_api
+from .api.anthropic import routes as anthropic
+from .api.ollama import routes as ollama
+from .api.openai import routes as openai
+from .api.responses import routes as responses
+from .api.http.access_log import AccessLogMiddleware
+from .api.http.errors import install_handlers
+from .api.http.events import EventHub
+from .api.http.guard import GuardMiddleware
+from .api.http.limits import LimitsMiddleware
+from .api.ollama.routes import VERSION
+from .api.models.store_adapter import make_store, record_resolver
+from .api.http.workers import WorkerPool
 from .config import Settings, exposure_error
 from .discovery import MODEL_CHANGING, Advertiser
 from .manager import ModelManager

@@ -310,7 +310,7 @@ def test_response_never_started_still_frees_its_sequence(daemon: Daemon, path: s
     # ASGI level, where that ordering is exact.
     import asyncio
 
-    from evenflow.daemon.api.workers import WATCH_TASK
+    from evenflow.daemon.api.http.workers import WATCH_TASK
 
     httpx.post(daemon.url + "/api/generate", json={"model": "tiny"}, timeout=60)  # loaded
     aborted = _aborted(daemon)

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from evenflow.daemon.api.errors import APIError
-from evenflow.daemon.api.options import requested_gpu
+from evenflow.daemon.api.http.errors import APIError
+from evenflow.daemon.api.pipeline.options import requested_gpu
 from evenflow.daemon.config import load_settings
 from evenflow.daemon.manager import GpuOptions, ModelManager, ModelRecord, _device, vram_size
 

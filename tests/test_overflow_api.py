@@ -102,7 +102,7 @@ def test_a_long_chat_keeps_its_system_prompt_and_latest_message(daemon: Daemon, 
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     msgs = long_chat()
     events = Events(daemon.url)
-    caplog.set_level(logging.WARNING, logger="evenflow.daemon.api.overflow")
+    caplog.set_level(logging.WARNING, logger="evenflow.daemon.api.pipeline.overflow")
     # the official client keeps working where a 400 used to end the conversation
     reply = ollama.Client(host=daemon.url).chat(model="tiny", messages=msgs, options=GREEDY)
     assert reply.done and reply.prompt_eval_count < WINDOW

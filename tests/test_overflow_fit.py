@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evenflow.daemon.api.overflow import cut_points, fit_chat, kept_from, truncate_ids
-from evenflow.daemon.api.prompt_size import ContextOverflow
+from evenflow.daemon.api.pipeline.overflow import cut_points, fit_chat, kept_from, truncate_ids
+from evenflow.daemon.api.pipeline.prompt_size import ContextOverflow
 
 OVERHEAD = 3  # tokens a template adds per message
 

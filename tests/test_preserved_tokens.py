@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from evenflow.backends.base import ModelInfo
-from evenflow.daemon.api.prompting import structure_tokens
+from evenflow.daemon.api.pipeline.prompting import structure_tokens
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
 from evenflow.daemon.prompt.formats import HARMONY
 from evenflow.daemon.prompt.reply import ReplyParser

@@ -14,7 +14,7 @@ import pytest
 
 from api_harness import BACKENDS, Daemon, start_daemon, upload_model
 
-from evenflow.daemon.api.errors import INTERNAL_ERROR
+from evenflow.daemon.api.http.errors import INTERNAL_ERROR
 
 
 def _http_exchange(sock: socket.socket, request: bytes) -> tuple[int, bytes]:

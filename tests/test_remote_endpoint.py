@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from evenflow.backends.remote import EndpointError, RemoteEndpoint
-from evenflow.daemon.api.errors import APIError
+from evenflow.daemon.api.http.errors import APIError
 from evenflow.daemon.api.remote.convert import Reader, chat_messages, sampling
 from evenflow.daemon.store.modelfile import ModelfileError, parse_modelfile
 

@@ -9,8 +9,8 @@ import tracemalloc
 import pytest
 from starlette.requests import Request
 
-from evenflow.daemon.api.errors import APIError
-from evenflow.daemon.api.workers import CLIENT_GONE, WorkerPool
+from evenflow.daemon.api.http.errors import APIError
+from evenflow.daemon.api.http.workers import CLIENT_GONE, WorkerPool
 from evenflow.daemon.prompt import templates as tpl
 from evenflow.daemon.prompt.gotemplate import Budget
 

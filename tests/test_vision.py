@@ -240,7 +240,7 @@ def test_jpeg_in_and_a_truncated_jpeg_header(client):
     pil.fromarray(__import__("numpy").random.default_rng(1).integers(0, 256, (40, 50, 3), dtype="uint8")).save(
         buf, format="JPEG")
     data = buf.getvalue()
-    from evenflow.daemon.api.images import image_size
+    from evenflow.daemon.api.pipeline.images import image_size
 
     assert image_size(data) == ("JPEG", (50, 40))
     assert gen(client, [b64(data)], n=2).status_code == 200

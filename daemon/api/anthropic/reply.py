@@ -8,13 +8,13 @@ import json
 import secrets
 from typing import Any, AsyncIterator
 
-from ..manager import LoadedModel
-from ..prompt.reply import ReplyParser
-from .anthropic_request import MessagesRequest
-from .engine_stream import Generation, Piece
-from .errors import APIError, anthropic_error
-from .prepare import Prepared
-from .wire import Wire
+from ...manager import LoadedModel
+from ...prompt.reply import ReplyParser
+from .request import MessagesRequest
+from ..pipeline.engine_stream import Generation, Piece
+from ..http.errors import APIError, anthropic_error
+from ..pipeline.prepare import Prepared
+from ..http.wire import Wire
 
 
 def _frame(obj: dict[str, Any]) -> bytes:

@@ -8,8 +8,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
 
-from .errors import APIError
-from .schemas import _Req
+from ..http.errors import APIError
+from ..ollama.request import _Req
 
 Number = Union[StrictInt, StrictFloat]
 NO_VISION = "document content blocks are not supported"

@@ -9,19 +9,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..engine.grammar import GrammarError, grammar_for_tool_call
-from ..engine.params import SamplingParams
-from ..manager import LoadedModel
-from ..prompt.tools import tool_format_for
-from . import generation, prepare, prompting, remote
-from .anthropic_reply import ANTHROPIC_SSE, AnthropicReply
-from .anthropic_request import (Conversation, CountTokensRequest, MessagesRequest, check_sampling, conversation)
-from .errors import APIError, parse_body
-from .generation import Generate
-from .options import check_num_ctx, sampling_params
-from .plan import Plan
-from .prepare import Prepared
-from .prompt_size import ContextOverflow
+from ...engine.grammar import GrammarError, grammar_for_tool_call
+from ...engine.params import SamplingParams
+from ...manager import LoadedModel
+from ...prompt.tools import tool_format_for
+from ..pipeline import generation, prepare, prompting
+from .. import remote
+from .reply import ANTHROPIC_SSE, AnthropicReply
+from .request import Conversation, CountTokensRequest, MessagesRequest, check_sampling, conversation
+from ..http.errors import APIError, parse_body
+from ..pipeline.generation import Generate
+from ..pipeline.options import check_num_ctx, sampling_params
+from ..pipeline.plan import Plan
+from ..pipeline.prepare import Prepared
+from ..pipeline.prompt_size import ContextOverflow
 
 router = APIRouter(prefix="/v1")
 

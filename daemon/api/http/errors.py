@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..manager import Busy, LoadFailed, ManagerError, ShuttingDown
+from ...manager import Busy, LoadFailed, ManagerError, ShuttingDown
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, TypeVar
 
 from fastapi import Request
 
-from .. import cancel
+from ... import cancel
 from .errors import CLIENT_GONE, APIError
 
 log = logging.getLogger(__name__)

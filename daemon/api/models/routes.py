@@ -10,11 +10,11 @@ from typing import Any, AsyncIterator, Iterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..manager import vram_size
-from . import remote
-from .errors import APIError, parse_body
-from .schemas import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
-from .wire import rfc3339
+from ...manager import vram_size
+from .. import remote
+from ..http.errors import APIError, parse_body
+from ..ollama.request import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
+from ..http.wire import rfc3339
 
 log = logging.getLogger(__name__)
 router = APIRouter()

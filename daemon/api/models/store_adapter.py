@@ -6,14 +6,14 @@ import logging
 from pathlib import Path
 from typing import Any, AsyncIterable, Callable, Iterator
 
-from ..config import Settings
-from ..manager import ModelRecord
-from ..store import errors as se
-from ..store import create_model, ensure_demo_model, hfpull, registry, show_model
-from ..store.manifest import ManifestError
-from ..store.names import parse_name
-from ..store.store import ModelStore
-from .errors import APIError
+from ...config import Settings
+from ...manager import ModelRecord
+from ...store import errors as se
+from ...store import create_model, ensure_demo_model, hfpull, registry, show_model
+from ...store.manifest import ManifestError
+from ...store.names import parse_name
+from ...store.store import ModelStore
+from ..http.errors import APIError
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator
 
-from ..manager import LoadedModel
-from ..prompt.reply import ReplyParser
-from . import logprobs as lp_format
-from .embedding import normalise
-from .engine_stream import Generation, Piece
-from .prepare import Prepared
-from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
-from .wire import now_rfc3339
+from ...manager import LoadedModel
+from ...prompt.reply import ReplyParser
+from ..pipeline import logprobs as lp_format
+from ..pipeline.embedding import normalise
+from ..pipeline.engine_stream import Generation, Piece
+from ..pipeline.prepare import Prepared
+from .request import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
+from ..http.wire import now_rfc3339
 
 
 class GenerateReply:

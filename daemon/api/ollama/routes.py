@@ -7,14 +7,14 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from ... import __version__
-from . import generation, plan, prepare
-from .errors import APIError, not_found, parse_body
-from .generation import Embed, Generate
-from .ollama_models import router as models_router
-from .ollama_reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
-from .schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
-from .wire import NDJSON
+from .... import __version__
+from ..pipeline import generation, plan, prepare
+from ..http.errors import APIError, not_found, parse_body
+from ..pipeline.generation import Embed, Generate
+from ..models.routes import router as models_router
+from .reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
+from .request import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
+from ..http.wire import NDJSON
 
 router = APIRouter()
 router.include_router(models_router)

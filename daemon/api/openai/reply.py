@@ -9,13 +9,13 @@ import struct
 import time
 from typing import Any, AsyncIterator
 
-from ..manager import LoadedModel
-from ..prompt.reply import ReplyParser
-from . import logprobs as lp_format
-from .embedding import normalise
-from .engine_stream import Generation, Piece
-from .prepare import Prepared
-from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from ...manager import LoadedModel
+from ...prompt.reply import ReplyParser
+from ..pipeline import logprobs as lp_format
+from ..pipeline.embedding import normalise
+from ..pipeline.engine_stream import Generation, Piece
+from ..pipeline.prepare import Prepared
+from ..ollama.request import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 FINGERPRINT = "fp_ollama"
 

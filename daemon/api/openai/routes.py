@@ -10,12 +10,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from . import generation, plan, prepare
-from .errors import APIError, parse_body
-from .generation import Embed, Generate
-from .openai_reply import ChatCompletionReply, CompletionReply, embedding_reply
-from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from .wire import SSE
+from ..pipeline import generation, plan, prepare
+from ..http.errors import APIError, parse_body
+from ..pipeline.generation import Embed, Generate
+from .reply import ChatCompletionReply, CompletionReply, embedding_reply
+from ..ollama.request import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from ..http.wire import SSE
 
 router = APIRouter(prefix="/v1")
 

@@ -6,8 +6,8 @@ import asyncio
 
 import numpy as np
 
-from ..manager import Lease, LoadedModel
-from .errors import APIError
+from ...manager import Lease, LoadedModel
+from ..http.errors import APIError
 
 POOL_NONE, POOL_MEAN, POOL_CLS, POOL_LAST = 0, 1, 2, 3
 

@@ -11,10 +11,10 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
-from ..engine.engine import EngineStopped, PromptTooLong, QueueFull
-from ..manager import Lease
+from ...engine.engine import EngineStopped, PromptTooLong, QueueFull
+from ...manager import Lease
 from . import overflow
-from .errors import CLIENT_GONE, SERVER_BUSY, APIError
+from ..http.errors import CLIENT_GONE, SERVER_BUSY, APIError
 from .prepare import Prepared
 
 

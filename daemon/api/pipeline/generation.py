@@ -10,14 +10,15 @@ from typing import Any, AsyncIterator, Callable, Protocol
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..manager import LoadedModel
-from . import overflow, prepare, remote
+from ...manager import LoadedModel
+from . import overflow, prepare
+from .. import remote
 from .embedding import embed_ids
 from .engine_stream import Generation, Piece, collect_all, engine_stream
 from .options import requested_gpu
 from .plan import EmbedPlan, Plan
 from .prepare import Prepared
-from .wire import Wire, streamed
+from ..http.wire import Wire, streamed
 
 
 class Reply(Protocol):

@@ -11,8 +11,8 @@ import re
 import struct
 from typing import Any
 
-from ...backends.base import ImageInputError, MultimodalPrompt
-from .errors import APIError
+from ....backends.base import ImageInputError, MultimodalPrompt
+from ..http.errors import APIError
 
 MAX_IMAGES = 16  # per request
 MAX_IMAGE_BYTES = 20 << 20  # one image, decoded

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..engine.logprobs import TokenLogprob
+from ...engine.logprobs import TokenLogprob
 
 UNLIKELY = -9999.0  # what OpenAI reports for a token too unlikely to have a finite logprob
 

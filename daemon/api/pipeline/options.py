@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..config import keep_alive_seconds
-from ..engine.logprobs import MAX_TOP_LOGPROBS
-from ..engine.params import InvalidParams, SamplingParams
-from ..manager import GpuOptions, LoadedModel
-from .errors import APIError
+from ...config import keep_alive_seconds
+from ...engine.logprobs import MAX_TOP_LOGPROBS
+from ...engine.params import InvalidParams, SamplingParams
+from ...manager import GpuOptions, LoadedModel
+from ..http.errors import APIError
 from .prompt_size import ContextOverflow
-from .schemas import ChatRequest, GenerateRequest
+from ..ollama.request import ChatRequest, GenerateRequest
 
 
 def parse_keep_alive(value: Any) -> float | None:

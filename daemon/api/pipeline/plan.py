@@ -7,11 +7,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import APIError
+from ..http.errors import APIError
 from .images import MAX_IMAGES
 from .options import ollama_logprobs, parse_keep_alive, requested_num_ctx
-from .schemas import (ChatCompletionRequest, ChatRequest, CompletionRequest, EmbeddingRequest, EmbeddingsRequest,
-                      EmbedRequest, GenerateRequest, OAIMessage)
+from ..ollama.request import ChatCompletionRequest, ChatRequest, CompletionRequest, EmbeddingRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, OAIMessage
 
 
 @dataclass

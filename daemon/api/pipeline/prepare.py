@@ -7,20 +7,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import cancel
-from ..engine.grammar import Constraint, GrammarError, grammar_for_format
-from ..engine.logprobs import MAX_TOP_LOGPROBS
-from ..engine.params import SamplingParams
-from ..manager import LoadedModel
-from ...backends.base import EmbedSpan
+from ... import cancel
+from ...engine.grammar import Constraint, GrammarError, grammar_for_format
+from ...engine.logprobs import MAX_TOP_LOGPROBS
+from ...engine.params import SamplingParams
+from ...manager import LoadedModel
+from ....backends.base import EmbedSpan
 from . import images as image_input
 from . import overflow, prompt_size, prompting
-from .errors import APIError
-from .options import (check_num_ctx, fit_to_context, ollama_logprobs, options_priority, request_priority,
-                      sampling_params)
+from ..http.errors import APIError
+from .options import check_num_ctx, fit_to_context, ollama_logprobs, options_priority, request_priority, sampling_params
 from .overflow import Truncation
 from .prompt_size import ContextOverflow
-from .schemas import ChatCompletionRequest, ChatRequest, CompletionRequest, GenerateRequest
+from ..ollama.request import ChatCompletionRequest, ChatRequest, CompletionRequest, GenerateRequest
 
 IMAGE_TOKENS = 768  # an image's positions as estimated while a chat is cut to fit (Ollama's heuristic), until built
 OPEN_ENDED_WINDOWS = 10  # with `shift`, num_predict -1 stops after this many windows (Ollama's bound)

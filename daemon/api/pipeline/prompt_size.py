@@ -12,8 +12,8 @@ import logging
 import weakref
 from typing import Any
 
-from ..manager import LoadedModel
-from .errors import APIError
+from ...manager import LoadedModel
+from ..http.errors import APIError
 
 log = logging.getLogger(__name__)
 

@@ -6,13 +6,13 @@ import logging
 import weakref
 from typing import Any
 
-from .. import cancel
-from ..manager import LoadedModel
-from ..prompt import formats
-from ..prompt import templates as tpl
-from ..store.names import parse_name
+from ... import cancel
+from ...manager import LoadedModel
+from ...prompt import formats
+from ...prompt import templates as tpl
+from ...store.names import parse_name
 from . import prompt_size
-from .errors import APIError
+from ..http.errors import APIError
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import APIError
+from ..http.errors import APIError
 
 # Ollama option -> OpenAI field (top_k, min_p and repetition_penalty are the vLLM/SGLang/llama-server extras).
 _OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",

@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import Request
 
 from ....backends.remote import RemoteEndpoint, Upstream, UpstreamError, UpstreamPool
-from ..errors import APIError
-from ..wire import rfc3339
+from ..http.errors import APIError
+from ..http.wire import rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..anthropic_reply import ANTHROPIC_SSE, MessageWriter, stop_reason, usage
-from ..anthropic_request import MessagesRequest, check_sampling, conversation
-from ..errors import APIError, anthropic_error
-from ..wire import streamed
+from ..anthropic.reply import ANTHROPIC_SSE, MessageWriter, stop_reason, usage
+from ..anthropic.request import MessagesRequest, check_sampling, conversation
+from ..http.errors import APIError, anthropic_error
+from ..http.wire import streamed
 from .convert import Reader, chat_messages, response_format, sampling, thinking
 from .hub import RemoteModel, RemoteRun
 from .serve import _closer, _open, _pieces, _unless_gone

@@ -10,13 +10,13 @@ import secrets
 import time
 from typing import Any, AsyncIterator
 
-from ..manager import LoadedModel
-from ..prompt.reply import ReplyParser
-from .engine_stream import Generation, Piece
-from .errors import APIError
-from .prepare import Prepared
-from .schemas import ResponsesRequest
-from .wire import Wire
+from ...manager import LoadedModel
+from ...prompt.reply import ReplyParser
+from ..pipeline.engine_stream import Generation, Piece
+from ..http.errors import APIError
+from ..pipeline.prepare import Prepared
+from ..ollama.request import ResponsesRequest
+from ..http.wire import Wire
 
 
 def _frame(event: dict[str, Any]) -> bytes:

@@ -14,14 +14,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from ..manager import LoadedModel
-from . import generation, plan, prepare
-from .errors import APIError, describe_validation, parse_body
-from .generation import Generate
-from .plan import Plan
-from .prepare import Prepared
-from .responses_reply import RESPONSES_SSE, ResponsesReply
-from .schemas import ChatCompletionRequest, ResponsesRequest
+from ...manager import LoadedModel
+from ..pipeline import generation, plan, prepare
+from ..http.errors import APIError, describe_validation, parse_body
+from ..pipeline.generation import Generate
+from ..pipeline.plan import Plan
+from ..pipeline.prepare import Prepared
+from .reply import RESPONSES_SSE, ResponsesReply
+from ..ollama.request import ChatCompletionRequest, ResponsesRequest
 
 router = APIRouter(prefix="/v1")
 

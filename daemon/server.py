@@ -7,7 +7,7 @@ import errno
 import logging
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 import uvicorn
@@ -15,21 +15,22 @@ from fastapi import FastAPI
 
 from ..backends import gpu_report
 from . import memory
-from .api.http import events as events_api
 from .api.anthropic import routes as anthropic
-from .api.ollama import routes as ollama
-from .api.openai import routes as openai
-from .api.responses import routes as responses
+from .api.http import events as events_api
 from .api.http.access_log import AccessLogMiddleware
 from .api.http.errors import install_handlers
-from .api.http.events import EventHub
 from .api.http.guard import GuardMiddleware
 from .api.http.limits import LimitsMiddleware
-from .api.ollama.routes import VERSION
-from .api.models.store_adapter import make_store, record_resolver
 from .api.http.workers import WorkerPool
+from .api.models.store_adapter import make_store, record_resolver
+from .api.ollama import routes as ollama
+from .api.ollama.routes import VERSION
+from .api.openai import routes as openai
+from .api.responses import routes as responses
 from .config import Settings, exposure_error
+from .context import AppContext, Store
 from .discovery import MODEL_CHANGING, Advertiser
+from .events import EventHub
 from .manager import ModelManager
 from .metrics import Metrics
 
@@ -42,21 +43,6 @@ class ServeError(RuntimeError):
     """The server cannot start (port taken, bad address); the message says what to do."""
 
 
-@dataclass
-class AppContext:
-    settings: Settings
-    store: Any
-    manager: ModelManager
-    metrics: Metrics
-    events: EventHub
-    workers: WorkerPool = field(default_factory=WorkerPool)  # requests' CPU work, off the event loop
-    started: float = field(default_factory=time.time)
-    closing: bool = False
-    loop: asyncio.AbstractEventLoop | None = None
-    warnings: list[str] = field(default_factory=list)  # shown at start and in /api/events' hello
-    advertiser: Advertiser | None = None
-
-
 def security_warnings(settings: Settings) -> list[str]:
     """What a user exposing the daemon should hear loudly."""
     if settings.host.is_loopback or settings.api_key:
@@ -66,14 +52,14 @@ def security_warnings(settings: Settings) -> list[str]:
             "create or delete models"]
 
 
-def create_app(settings: Settings, store: Any | None = None, manager: ModelManager | None = None) -> FastAPI:
+def create_app(settings: Settings, store: Store | None = None, manager: ModelManager | None = None) -> FastAPI:
     """Build the app: store (created from settings if not given), model manager, metrics, events, routes."""
     if store is None:
         store = make_store(settings)
     manager = manager or ModelManager(settings, record_resolver(store))
     metrics = Metrics()
     hub = EventHub(settings.log_content, on_drop=metrics.events_dropped.inc)
-    ctx = AppContext(settings, store, manager, metrics, hub, warnings=security_warnings(settings))
+    ctx = AppContext(settings, store, manager, metrics, hub, WorkerPool(), warnings=security_warnings(settings))
     manager.add_listener(metrics.observe_event)
     manager.add_listener(hub.publish)
     if settings.advertise:
@@ -91,12 +77,12 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.loop = asyncio.get_running_loop()
         hub.bind(ctx.loop)
-        if not settings.noprune and hasattr(store, "prune"):
+        if not settings.noprune:
             try:
                 await asyncio.to_thread(store.prune)
             except Exception:  # noqa: BLE001 - a store we cannot tidy still serves
                 log.warning("could not prune unreferenced blobs", exc_info=True)
-        if not settings.no_demo and hasattr(store, "ensure_demo"):
+        if not settings.no_demo:
             try:
                 await asyncio.to_thread(store.ensure_demo)
             except Exception:  # noqa: BLE001 - the daemon serves without the demo
@@ -112,8 +98,8 @@ def create_app(settings: Settings, store: Any | None = None, manager: ModelManag
         if ctx.advertiser is not None:
             await _logged(ctx.advertiser.close(), "could not withdraw the zeroconf record")
         await manager.shutdown()
-        if getattr(app.state, "remote", None) is not None:  # upstream pools of remote models (daemon/api/remote/)
-            await app.state.remote.aclose()
+        if ctx.remote is not None:  # upstream pools of remote models (daemon/api/remote/)
+            await ctx.remote.aclose()
         ctx.workers.shutdown()
 
     app = FastAPI(title="evenflow", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -178,7 +164,7 @@ class _Server:
     """uvicorn.Server that marks the app closing (503 for new requests) as soon as a signal arrives."""
 
     def __init__(self, app: FastAPI, config: Any) -> None:
-        ctx: AppContext = app.state.ctx
+        ctx: AppContext = app.state.ctx  # set by create_app
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:  # noqa: D401 - uvicorn hook

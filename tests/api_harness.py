@@ -14,7 +14,8 @@ import httpx
 import uvicorn
 
 from evenflow.daemon.config import Settings, load_settings
-from evenflow.daemon.server import AppContext, bind_socket, create_app
+from evenflow.daemon.context import AppContext
+from evenflow.daemon.server import bind_socket, create_app
 
 # Every installed backend serves the API tests (the official clients end to end through each);
 # EVENFLOW_TEST_BACKENDS=torch narrows it.

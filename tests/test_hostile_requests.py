@@ -286,7 +286,7 @@ def test_a_burst_of_events_reaches_the_loop_in_one_flush() -> None:
     import asyncio
     import threading
 
-    from evenflow.daemon.api.http.events import EventHub
+    from evenflow.daemon.events import EventHub
 
     async def go() -> None:
         hub = EventHub(False)

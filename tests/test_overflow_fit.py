@@ -1,6 +1,6 @@
-"""How a prompt too long for its window is cut (daemon/api/overflow.py), as pure functions: a chat loses its oldest
-turns (every system message and the latest message stay, a tool call keeps its results, the fewest turns go), a
-single prompt keeps its start and end as Ollama's runner does, and a refusal carries the numbers."""
+"""How a prompt too long for its window is cut (daemon/api/pipeline/overflow.py), as pure functions: a chat loses
+its oldest turns (every system message and the latest message stay, a tool call keeps its results, the fewest turns
+go), a single prompt keeps its start and end as Ollama's runner does, and a refusal carries the numbers."""
 from __future__ import annotations
 
 import math

@@ -187,7 +187,7 @@ def test_monitor_discover_finds_an_advertised_daemon(tmp_path: Path, gguf: Path)
 
 def test_dropped_events_are_shown_not_hidden() -> None:
     """A reader that fell behind: the daemon's own subscriber queue produces the notice; the monitor shows it."""
-    from evenflow.daemon.api.http.events import QUEUE_SIZE, _Subscriber
+    from evenflow.daemon.events import QUEUE_SIZE, _Subscriber
 
     sub = _Subscriber()
     for i in range(QUEUE_SIZE + 6):

@@ -10,11 +10,11 @@ from typing import Any, AsyncIterator
 
 from ...manager import LoadedModel
 from ...prompt.reply import ReplyParser
-from .request import MessagesRequest
-from ..pipeline.engine_stream import Generation, Piece
 from ..http.errors import APIError, anthropic_error
-from ..pipeline.prepare import Prepared
 from ..http.wire import Wire
+from ..pipeline.engine_stream import Generation, Piece
+from ..pipeline.prepare import Prepared
+from .request import MessagesRequest
 
 
 def _frame(obj: dict[str, Any]) -> bytes:

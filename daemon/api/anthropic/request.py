@@ -8,19 +8,19 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
 
+from ..http.body import RequestModel
 from ..http.errors import APIError
-from ..ollama.request import _Req
 
 Number = Union[StrictInt, StrictFloat]
 NO_VISION = "document content blocks are not supported"
 
 
-class AnthropicMessage(_Req):
+class AnthropicMessage(RequestModel):
     role: Literal["user", "assistant", "system"]  # system: the mid-conversation-system beta (Claude Code sends it)
     content: Union[StrictStr, list[dict[str, Any]]]
 
 
-class CountTokensRequest(_Req):
+class CountTokensRequest(RequestModel):
     """/v1/messages/count_tokens: the parts of a request that make its prompt."""
 
     model: StrictStr

@@ -1,6 +1,6 @@
 """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), so Anthropic's clients (and Claude Code) run
-on local models. A request is translated to /api/chat's terms (anthropic_request.py) and runs the one request
-skeleton (generation.py) with its own plan, prepare step and reply (anthropic_reply.py)."""
+on local models. A request is translated to /api/chat's terms (request.py) and runs the one request
+skeleton (pipeline/generation.py) with its own plan, prepare step and reply (reply.py)."""
 from __future__ import annotations
 
 import time
@@ -9,20 +9,21 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ...context import context
 from ...engine.grammar import GrammarError, grammar_for_tool_call
 from ...engine.params import SamplingParams
 from ...manager import LoadedModel
 from ...prompt.tools import tool_format_for
-from ..pipeline import generation, prepare, prompting
 from .. import remote
-from .reply import ANTHROPIC_SSE, AnthropicReply
-from .request import Conversation, CountTokensRequest, MessagesRequest, check_sampling, conversation
 from ..http.errors import APIError, parse_body
+from ..pipeline import generation, prepare, prompting
 from ..pipeline.generation import Generate
 from ..pipeline.options import check_num_ctx, sampling_params
 from ..pipeline.plan import Plan
 from ..pipeline.prepare import Prepared
 from ..pipeline.prompt_size import ContextOverflow
+from .reply import ANTHROPIC_SSE, AnthropicReply
+from .request import Conversation, CountTokensRequest, MessagesRequest, check_sampling, conversation
 
 router = APIRouter(prefix="/v1")
 
@@ -49,8 +50,8 @@ def _render(model: LoadedModel, conv: Conversation,
     window = check_num_ctx(model, None)
     given = [m.get("images") or [] for m in conv.messages]
     messages = [{k: v for k, v in m.items() if k != "images"} for m in conv.messages]
-    messages, images = prepare._message_images(model, model.name, messages, given)
-    return prepare._chat_prompt(model, messages, conv.tools, think, window, images, fit), think, window
+    messages, images = prepare.message_images(model, model.name, messages, given)
+    return prepare.chat_prompt(model, messages, conv.tools, think, window, images, fit), think, window
 
 
 def tool_grammar(model: LoadedModel, tools: list[dict[str, Any]]) -> str:
@@ -84,7 +85,7 @@ def prepare_messages(model: LoadedModel, req: MessagesRequest, conv: Conversatio
     except ContextOverflow as e:
         raise e.as_anthropic() from None
     grammar = tool_grammar(model, conv.forced) if conv.forced else prepare.check_format(conv.schema)
-    prep = prepare._finish(model, cp.text, cp.ids, params(model, req), window, think, conv.tools, grammar)
+    prep = prepare.finish(model, cp.text, cp.ids, params(model, req), window, think, conv.tools, grammar)
     prep.embeds = cp.embeds
     prep.progress = bool(req.return_progress)
     return prep
@@ -114,7 +115,7 @@ async def count_tokens(request: Request) -> JSONResponse:
     if await remote.lookup(request, req.model) is not None:
         raise APIError(400, f"count_tokens is not supported for remote models yet ('{req.model}' is served by "
                             f"another engine, which renders and counts the prompt itself)")
-    ctx = request.app.state.ctx
+    ctx = context(request)
     lease = await ctx.manager.acquire(req.model)
     try:
         n = await ctx.workers.run(request, _count, lease.model, conv)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from ...context import context
 from ...manager import Busy, LoadFailed, ManagerError, ShuttingDown
 
 log = logging.getLogger(__name__)
@@ -212,9 +213,8 @@ async def read_json(request: Request) -> Any:
     raw = await request.body()
     if not raw.strip():
         raise APIError(400, "missing request body")
-    workers = getattr(getattr(request.app.state, "ctx", None), "workers", None)
-    if len(raw) > _OFFLOAD_BYTES and workers is not None:
-        return await workers.run(request, decode_json, raw)
+    if len(raw) > _OFFLOAD_BYTES:
+        return await context(request).workers.run(request, decode_json, raw)
     return decode_json(raw)
 
 

@@ -10,23 +10,20 @@ from typing import Any, AsyncIterator, Iterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ...context import context
 from ...manager import vram_size
 from .. import remote
 from ..http.errors import APIError, parse_body
-from ..ollama.request import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
 from ..http.wire import rfc3339
+from ..ollama.request import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-def _ctx(request: Request) -> Any:
-    return request.app.state.ctx
-
-
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
 async def tags(request: Request) -> JSONResponse:
-    models = await asyncio.to_thread(_ctx(request).store.list_models)
+    models = await asyncio.to_thread(context(request).store.list_models)
     return JSONResponse({"models": models})
 
 
@@ -36,7 +33,7 @@ async def show(request: Request) -> JSONResponse:
     name = req.model or req.name
     if not name:
         raise APIError(400, "model is required")
-    info = await asyncio.to_thread(_ctx(request).store.show, name, bool(req.verbose), req.system)
+    info = await asyncio.to_thread(context(request).store.show, name, bool(req.verbose), req.system)
     if info.get("remote"):
         await remote.show_info(request, name, info)
     return JSONResponse(info)
@@ -50,7 +47,7 @@ async def create(request: Request) -> Response:
         raise APIError(400, "model is required")
     if not req.from_ and not req.files:
         raise APIError(400, "neither 'from' or 'files' was specified")
-    store = _ctx(request).store
+    store = context(request).store
     # Validation (bad name, missing blob, unknown base, bad template) fails here with a real status.
     steps = await asyncio.to_thread(store.create_iter, name, req)
     done = object()
@@ -81,7 +78,7 @@ async def create(request: Request) -> Response:
 @router.post("/api/copy")
 async def copy(request: Request) -> Response:
     req = await parse_body(request, CopyRequest)
-    await asyncio.to_thread(_ctx(request).store.copy, req.source, req.destination)
+    await asyncio.to_thread(context(request).store.copy, req.source, req.destination)
     return Response(status_code=200)
 
 
@@ -91,7 +88,7 @@ async def delete(request: Request) -> Response:
     name = req.model or req.name
     if not name:
         raise APIError(400, "model is required")
-    ctx = _ctx(request)
+    ctx = context(request)
     record = ctx.manager.resolve(name)  # 404 before touching anything
     await ctx.manager.unload(record.name)
     await asyncio.to_thread(ctx.store.delete, name)
@@ -100,14 +97,14 @@ async def delete(request: Request) -> Response:
 
 @router.head("/api/blobs/{digest}")
 async def blob_exists(request: Request, digest: str) -> Response:
-    if await asyncio.to_thread(_ctx(request).store.has_blob, digest):
+    if await asyncio.to_thread(context(request).store.has_blob, digest):
         return Response(status_code=200)
     raise APIError(404, f'blob "{digest}" not found')
 
 
 @router.post("/api/blobs/{digest}")
 async def blob_upload(request: Request, digest: str) -> Response:
-    store = _ctx(request).store
+    store = context(request).store
     if await asyncio.to_thread(store.has_blob, digest):  # also validates the digest format (400)
         async for _ in request.stream():  # drain so the client sees a clean 200
             pass
@@ -118,7 +115,7 @@ async def blob_upload(request: Request, digest: str) -> Response:
 
 @router.get("/api/ps")
 async def ps(request: Request) -> JSONResponse:
-    ctx = _ctx(request)
+    ctx = context(request)
     out = []
     for m in sorted(ctx.manager.loaded(), key=lambda m: m.expires_at, reverse=True):
         details = dict(m.record.details)
@@ -179,9 +176,9 @@ async def pull(request: Request) -> Response:
     name = req.model or req.name
     if not name:
         raise APIError(400, "model is required")
-    steps = await asyncio.to_thread(_ctx(request).store.pull_iter, name, bool(req.insecure))
+    steps = await asyncio.to_thread(context(request).store.pull_iter, name, bool(req.insecure))
     shown = name.split("://", 1)[-1]  # the model as the store will name it (http:// only says how to reach it)
-    steps = _ctx(request).events.track_pull(shown, steps)  # the monitor's "pulls in progress"
+    steps = context(request).events.track_pull(shown, steps)  # the monitor's "pulls in progress"
     return await _progress_response(steps, req.stream, f"pull {name}")
 
 
@@ -191,5 +188,5 @@ async def push(request: Request) -> Response:
     name = req.model or req.name
     if not name:
         raise APIError(400, "model is required")
-    steps = await asyncio.to_thread(_ctx(request).store.push_iter, name, bool(req.insecure))
+    steps = await asyncio.to_thread(context(request).store.push_iter, name, bool(req.insecure))
     return await _progress_response(steps, req.stream, f"push {name}")

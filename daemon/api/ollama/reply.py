@@ -7,12 +7,12 @@ from typing import Any, AsyncIterator
 
 from ...manager import LoadedModel
 from ...prompt.reply import ReplyParser
+from ..http.wire import now_rfc3339
 from ..pipeline import logprobs as lp_format
 from ..pipeline.embedding import normalise
 from ..pipeline.engine_stream import Generation, Piece
 from ..pipeline.prepare import Prepared
 from .request import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
-from ..http.wire import now_rfc3339
 
 
 class GenerateReply:

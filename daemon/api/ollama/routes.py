@@ -1,5 +1,5 @@
 """Ollama's inference endpoints: /api/generate, /api/chat, /api/embed, /api/embeddings, and the root/version.
-Each handler parses its body and hands it to the request skeleton (generation.py) with its endpoint's steps."""
+Each handler parses its body and hands it to the request skeleton (pipeline/generation.py) with its endpoint's steps."""
 from __future__ import annotations
 
 import time
@@ -8,13 +8,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .... import __version__
-from ..pipeline import generation, plan, prepare
 from ..http.errors import APIError, not_found, parse_body
-from ..pipeline.generation import Embed, Generate
+from ..http.wire import NDJSON
 from ..models.routes import router as models_router
+from ..pipeline import generation
+from ..pipeline.generation import Embed, Generate
+from . import plan, prepare
 from .reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
 from .request import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
-from ..http.wire import NDJSON
 
 router = APIRouter()
 router.include_router(models_router)

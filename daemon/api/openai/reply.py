@@ -15,7 +15,7 @@ from ..pipeline import logprobs as lp_format
 from ..pipeline.embedding import normalise
 from ..pipeline.engine_stream import Generation, Piece
 from ..pipeline.prepare import Prepared
-from ..ollama.request import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from .request import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 FINGERPRINT = "fp_ollama"
 

@@ -1,5 +1,5 @@
 """OpenAI-compatible endpoints (/v1): chat completions, completions, embeddings and models. Each inference handler
-parses its body and hands it to the request skeleton (generation.py) with its endpoint's steps."""
+parses its body and hands it to the request skeleton (pipeline/generation.py) with its endpoint's steps."""
 from __future__ import annotations
 
 import asyncio
@@ -10,12 +10,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..pipeline import generation, plan, prepare
+from ...context import context
 from ..http.errors import APIError, parse_body
-from ..pipeline.generation import Embed, Generate
-from .reply import ChatCompletionReply, CompletionReply, embedding_reply
-from ..ollama.request import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from ..http.wire import SSE
+from ..pipeline import generation
+from ..pipeline.generation import Embed, Generate
+from . import plan, prepare
+from .reply import ChatCompletionReply, CompletionReply, embedding_reply
+from .request import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 router = APIRouter(prefix="/v1")
 
@@ -23,10 +25,6 @@ CHAT_COMPLETIONS = Generate("/v1/chat/completions", plan.chat_completion, prepar
                             ChatCompletionReply, SSE)
 COMPLETIONS = Generate("/v1/completions", plan.completion, prepare.completion, CompletionReply, SSE)
 EMBEDDINGS = Embed("/v1/embeddings", plan.embedding, embedding_reply)
-
-
-def _ctx(request: Request) -> Any:
-    return request.app.state.ctx
 
 
 @router.post("/chat/completions")
@@ -63,14 +61,14 @@ def _model_obj(m: dict[str, Any]) -> dict[str, Any]:
 
 @router.get("/models")
 async def list_models(request: Request) -> JSONResponse:
-    models = await asyncio.to_thread(_ctx(request).store.list_models)
+    models = await asyncio.to_thread(context(request).store.list_models)
     return JSONResponse({"object": "list", "data": [_model_obj(m) for m in models]})
 
 
 @router.get("/models/{model:path}")
 async def retrieve_model(request: Request, model: str) -> JSONResponse:
-    models = await asyncio.to_thread(_ctx(request).store.list_models)
-    record = _ctx(request).manager.resolve(model)  # 404 in OpenAI shape for unknown names
+    models = await asyncio.to_thread(context(request).store.list_models)
+    record = context(request).manager.resolve(model)  # 404 in OpenAI shape for unknown names
     for m in models:
         if m["model"] == record.name:
             return JSONResponse(_model_obj(m))

@@ -11,10 +11,11 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
+from ...context import context
 from ...engine.engine import EngineStopped, PromptTooLong, QueueFull
 from ...manager import Lease
-from . import overflow
 from ..http.errors import CLIENT_GONE, SERVER_BUSY, APIError
+from . import overflow
 from .prepare import Prepared
 
 
@@ -67,7 +68,7 @@ async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint
     """
     model = lease.model
     user = {"model": model.name, "endpoint": endpoint}
-    if request.app.state.ctx.settings.log_content:
+    if context(request).settings.log_content:
         user["prompt"] = prep.text
     engine = model.engine
     # n > 1: a seeded request gives choice i the seed + i, so the choices differ yet reproduce
@@ -86,7 +87,7 @@ async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint
     except ValueError as e:
         raise APIError(400, str(e)) from None
     if prep.truncation is not None:
-        overflow.announce(request.app.state.ctx.events, endpoint, model.name, streams[0].seq_id,
+        overflow.announce(context(request).events, endpoint, model.name, streams[0].seq_id,
                           len(prep.prompt_ids), prep.window, prep.truncation)
     return EngineChunks(request, engine, streams, lease, t_start, prep.truncation)
 

@@ -10,15 +10,16 @@ from typing import Any, AsyncIterator, Callable, Protocol
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ...context import context
 from ...manager import LoadedModel
-from . import overflow, prepare
 from .. import remote
+from ..http.wire import Wire, streamed
+from . import overflow, prepare
 from .embedding import embed_ids
 from .engine_stream import Generation, Piece, collect_all, engine_stream
 from .options import requested_gpu
 from .plan import EmbedPlan, Plan
 from .prepare import Prepared
-from ..http.wire import Wire, streamed
 
 
 class Reply(Protocol):
@@ -65,7 +66,7 @@ async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Respo
         return answer
     plan = kind.plan(req)
     gpu = requested_gpu(getattr(req, "options", None))  # Ollama's load-time num_gpu / main_gpu (a 400 before loading)
-    ctx = request.app.state.ctx
+    ctx = context(request)
     if plan.load_only:
         return JSONResponse(await _load_only(ctx, kind, req.model, plan.keep_alive, gpu))
     lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=gpu)
@@ -101,7 +102,7 @@ async def embed(request: Request, kind: Embed, req: Any, t0: int) -> Response:
     if (answer := await _upstream(request, kind.endpoint, req, t0)) is not None:
         return answer
     plan = kind.plan(req)
-    ctx = request.app.state.ctx
+    ctx = context(request)
     gpu = requested_gpu(getattr(req, "options", None))
     lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=gpu)
     vectors, tokens = [], 0

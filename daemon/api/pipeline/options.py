@@ -6,12 +6,10 @@ import json
 from typing import Any
 
 from ...config import keep_alive_seconds
-from ...engine.logprobs import MAX_TOP_LOGPROBS
 from ...engine.params import InvalidParams, SamplingParams
 from ...manager import GpuOptions, LoadedModel
 from ..http.errors import APIError
 from .prompt_size import ContextOverflow
-from ..ollama.request import ChatRequest, GenerateRequest
 
 
 def parse_keep_alive(value: Any) -> float | None:
@@ -84,14 +82,6 @@ def fit_to_context(prompt_ids: list[int], params: SamplingParams, ctx: int, mode
     if ctx < model.context_length:
         room = ctx - n
         params.num_predict = room if params.num_predict < 0 else min(params.num_predict, room)
-
-
-def ollama_logprobs(req: GenerateRequest | ChatRequest) -> int | None:
-    """Ollama's `logprobs` (bool) and `top_logprobs` (0..20 alternatives, read only when logprobs is on)."""
-    top = req.top_logprobs
-    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}")
-    return (top or 0) if req.logprobs else None
 
 
 PRIORITY_NAMES = {"interactive": -1, "normal": 0, "background": 1}

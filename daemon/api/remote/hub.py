@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import Request
 
 from ....backends.remote import RemoteEndpoint, Upstream, UpstreamError, UpstreamPool
+from ...context import context
 from ..http.errors import APIError
 from ..http.wire import rfc3339
 
@@ -54,7 +55,7 @@ def _context_length(entry: dict[str, Any]) -> int | None:
 
 
 class RemoteHub:
-    """Shared by all requests (app.state.remote): pools per upstream host, health per endpoint, stream ids."""
+    """Shared by all requests (AppContext.remote): pools per upstream host, health per endpoint, stream ids."""
 
     def __init__(self) -> None:
         self.pool = UpstreamPool()
@@ -113,23 +114,23 @@ class RemoteHub:
 
 
 def hub_of(request: Request) -> RemoteHub:
-    state = request.app.state
-    hub = getattr(state, "remote", None)
-    if hub is None:
-        hub = state.remote = RemoteHub()
-    return hub
+    ctx = context(request)
+    if ctx.remote is None:
+        ctx.remote = RemoteHub()
+    assert isinstance(ctx.remote, RemoteHub)
+    return ctx.remote
 
 
 def publish(request: Request, ev: dict[str, Any]) -> None:
     """To /api/events and /metrics, like the engines' events."""
-    ctx = request.app.state.ctx
+    ctx = context(request)
     ctx.events.publish(ev)
     ctx.metrics.observe_event(ev)
 
 
 async def lookup(request: Request, name: str | None) -> RemoteModel | None:
     """The remote model `name`, or None (a local model, or a name the local path answers 404/400 for)."""
-    ctx = request.app.state.ctx
+    ctx = context(request)
     find = getattr(ctx.store, "remote", None)
     if not name or find is None:
         return None
@@ -156,7 +157,7 @@ class RemoteRun:
         self.request, self.model = request, rm.name
         self.seq_id = hub_of(request).next_id()
         self.user: dict[str, Any] = {"model": rm.name, "endpoint": endpoint, "remote": rm.endpoint.base_url}
-        if prompt is not None and request.app.state.ctx.settings.log_content:
+        if prompt is not None and context(request).settings.log_content:
             self.user["prompt"] = prompt
         self.prompt_tokens = self.output_tokens = 0
         self.done = False
@@ -183,7 +184,7 @@ class RemoteRun:
 
 async def ps_rows(request: Request) -> list[dict[str, Any]]:
     """/api/ps rows for the remote models whose upstream answers now (a short check, cached while healthy)."""
-    ctx, hub = request.app.state.ctx, hub_of(request)
+    ctx, hub = context(request), hub_of(request)
     find = getattr(ctx.store, "remote", None)
     if find is None:
         return []

@@ -19,11 +19,11 @@ from fastapi.responses import JSONResponse, Response
 
 from ....backends.remote import UpstreamError, UpstreamStream
 from ..http.errors import APIError
+from ..http.wire import NDJSON, SSE, now_rfc3339, streamed
+from ..ollama.plan import embed_inputs
 from ..ollama.reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
 from ..pipeline.options import parse_keep_alive
-from ..pipeline.plan import embed_inputs
 from ..responses.reply import RESPONSES_SSE, ResponseBuilder, usage
-from ..http.wire import NDJSON, SSE, now_rfc3339, streamed
 from .convert import Reader, chat_messages, response_format, sampling, thinking
 from .hub import RemoteModel, RemoteRun, hub_of
 

@@ -12,11 +12,11 @@ from typing import Any, AsyncIterator
 
 from ...manager import LoadedModel
 from ...prompt.reply import ReplyParser
-from ..pipeline.engine_stream import Generation, Piece
 from ..http.errors import APIError
-from ..pipeline.prepare import Prepared
-from ..ollama.request import ResponsesRequest
 from ..http.wire import Wire
+from ..pipeline.engine_stream import Generation, Piece
+from ..pipeline.prepare import Prepared
+from .request import ResponsesRequest
 
 
 def _frame(event: dict[str, Any]) -> bytes:

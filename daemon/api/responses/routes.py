@@ -1,6 +1,6 @@
 """OpenAI's Responses API (POST /v1/responses), stateless as Ollama serves it: the request is translated into the
 /v1/chat/completions request it means (messages with tool calls and their results, tools, reasoning_effort,
-response_format) and runs through the one request skeleton; responses_reply.py writes the Responses wire format.
+response_format) and runs through the one request skeleton; reply.py writes the Responses wire format.
 What needs stored state or OpenAI's servers (previous_response_id, conversation, background, built-in tools) is a
 400 that says so."""
 from __future__ import annotations
@@ -15,13 +15,15 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from ...manager import LoadedModel
-from ..pipeline import generation, plan, prepare
 from ..http.errors import APIError, describe_validation, parse_body
+from ..openai import plan, prepare
+from ..openai.request import ChatCompletionRequest
+from ..pipeline import generation
 from ..pipeline.generation import Generate
 from ..pipeline.plan import Plan
 from ..pipeline.prepare import Prepared
 from .reply import RESPONSES_SSE, ResponsesReply
-from ..ollama.request import ChatCompletionRequest, ResponsesRequest
+from .request import ResponsesRequest
 
 router = APIRouter(prefix="/v1")
 

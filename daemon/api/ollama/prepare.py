@@ -1,0 +1,93 @@
+"""The prepare step of /api/generate and /api/chat (in the worker pool): Ollama's template, raw mode, `context`,
+images, truncation and `shift`, on the pipeline's shared steps (pipeline/prepare.py)."""
+from __future__ import annotations
+
+from ...engine.params import SamplingParams
+from ...manager import LoadedModel
+from ..pipeline import images as image_input
+from ..pipeline import overflow, prompt_size, prompting
+from ..pipeline.options import check_num_ctx, options_priority, sampling_params
+from ..pipeline.prepare import Prepared, chat_prompt, check_format, encode_prompt, finish, message_images
+from ..pipeline.prompt_size import ContextOverflow
+from .plan import ollama_logprobs
+from .request import ChatRequest, GenerateRequest
+
+OPEN_ENDED_WINDOWS = 10  # with `shift`, num_predict -1 stops after this many windows (Ollama's bound)
+NOT_TRUNCATED = "; `truncate` is false: nothing was dropped to fit"
+
+
+def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:
+    """/api/generate: the request's template (or the model's), raw mode, `context` ids prepended; a prompt too long
+    for the window keeps its start and end (`truncate`, on by default), as Ollama's runner does."""
+    grammar = check_format(req.format)
+    window = check_num_ctx(model, num_ctx)
+    think = prompting.resolve_think(model, req.think)
+    prompt = req.prompt or ""
+    images: list[bytes] = []
+    if req.images:
+        image_input.check_vision(model, req.model)
+        images = image_input.decode_images(req.images, "images")
+        prompt = "".join(f"[img-{i}] " for i in range(len(images))) + prompt  # Ollama's tags before the prompt
+    truncate = req.truncate is not False
+    given = len(prompt) + len(req.system or "") + len(req.suffix or "")
+    limit = prompt_size.char_limit(model, window, given)
+    if req.raw:
+        text, add_special = prompt, True
+    else:  # rendered whole when it may be cut: its end is what stays
+        text, add_special = prompting.render_generate(model, prompt, system=req.system,
+                                                      suffix=req.suffix or "", template=req.template, think=think,
+                                                      window=window, max_chars=None if truncate else limit)
+    params = sampling_params(req.options, model.record.params)
+    add = add_special and not req.context
+    try:
+        if images:
+            prompt_size.check_text(model, text, window, limit)
+            ids, embeds = encode_prompt(model, text, add, images, list(req.context or []))
+            cut = None
+            if len(ids) >= window:
+                raise overflow.refusal(model, window, len(ids), hint="; a prompt with images is not truncated")
+        else:
+            ids, cut = overflow.fit_prompt(model, text, add, list(req.context or []), window, limit,
+                                           params.num_keep, truncate)
+            embeds = None
+    except ContextOverflow as e:
+        raise e if truncate else e.with_hint(NOT_TRUNCATED) from None
+    shift(params, req.shift, window)
+    prep = finish(model, text, ids, params, window, think, grammar=grammar)
+    prep.embeds, prep.truncation = embeds, cut
+    prep.logprobs = ollama_logprobs(req)
+    prep.priority = options_priority(req.options)
+    prep.progress = bool(req.return_progress)
+    return prep
+
+
+def shift(params: SamplingParams, shift: bool | None, window: int) -> None:
+    """Ollama's `shift` (on unless false): a full window drops its middle and generation goes on, up to
+    OPEN_ENDED_WINDOWS windows when num_predict is -1."""
+    params.shift = shift is not False
+    if params.shift and params.num_predict == -1:
+        params.num_predict = OPEN_ENDED_WINDOWS * window
+
+
+def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
+    """/api/chat: the model's chat template over the request's messages and tools; a chat too long for the window
+    loses its oldest turns (`truncate`, on by default)."""
+    grammar = check_format(req.format)
+    window = check_num_ctx(model, num_ctx)
+    think = prompting.resolve_think(model, req.think)
+    tools = req.tools or None
+    msgs, images = message_images(model, req.model, [m.as_template_dict() for m in req.messages or []],
+                                   [m.images or [] for m in req.messages or []])
+    truncate = req.truncate is not False
+    try:
+        cp = chat_prompt(model, msgs, tools, think, window, images, fit=truncate)
+    except ContextOverflow as e:
+        raise e if truncate or e.minimal else e.with_hint(NOT_TRUNCATED) from None
+    params = sampling_params(req.options, model.record.params)
+    shift(params, req.shift, window)
+    prep = finish(model, cp.text, cp.ids, params, window, think, tools, grammar)
+    prep.embeds, prep.truncation = cp.embeds, cp.truncation
+    prep.logprobs = ollama_logprobs(req)
+    prep.priority = options_priority(req.options)
+    prep.progress = bool(req.return_progress)
+    return prep

@@ -12,6 +12,11 @@ The layers, top to bottom:
     tui/               the Textual monitor and chat                                    (never clients)
     link/              where a client connects, with which key; LAN discovery          (never clients, tui)
     daemon/ (api, server) -> daemon/store, daemon/engine, ... -> backends/
+
+Inside daemon/api/, rooms (docs/architecture.md): a folder per dialect (ollama/, openai/, anthropic/, responses/),
+the shared request pipeline (pipeline/), the HTTP house (http/), the model routes (models/) and remote models
+(remote/). Dialects do not import each other (Responses is translated to a chat completion: responses/ may use
+openai/); the pipeline and the HTTP house import no dialect; the HTTP house imports nothing else of the API.
 """
 from __future__ import annotations
 
@@ -43,6 +48,19 @@ FORBIDDEN: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("link", "tui", "link/ is what clients/ and tui/ share: it sits below both", ()),
     ("tui", "clients", "clients/ opens the TUI, not the other way round (what both need lives in link/)", ()),
 )
+
+DIALECTS = ("ollama", "openai", "anthropic", "responses")
+# (importer, imported): the one edge between dialects, and why
+DIALECT_EDGES = {("responses", "openai"): "a Responses request runs as the chat completion it translates to"}
+FORBIDDEN += tuple(
+    (f"daemon.api.{a}", f"daemon.api.{b}", "dialects do not import each other: what two share is the pipeline's", ())
+    for a in DIALECTS for b in DIALECTS if a != b and (a, b) not in DIALECT_EDGES)
+FORBIDDEN += tuple(
+    (f"daemon.api.{room}", f"daemon.api.{d}", "the pipeline and the HTTP house serve every dialect: they import none",
+     ()) for room in ("pipeline", "http") for d in DIALECTS)
+FORBIDDEN += tuple(
+    ("daemon.api.http", f"daemon.api.{room}", "the HTTP house is the API's floor: the other rooms stand on it", ())
+    for room in ("pipeline", "models", "remote"))
 
 
 def module_name(path: Path) -> str:
@@ -201,6 +219,7 @@ def test_the_graph_is_read():
     assert len(GRAPH) > 100
     for sub in ("daemon", "backends", "clients", "tui", "link"):
         assert f"{PACKAGE}.{sub}" in GRAPH, sub
+    assert "evenflow.daemon.api.pipeline.prepare" in GRAPH["evenflow.daemon.api.anthropic.routes"]  # the rooms are seen
     assert "evenflow.daemon.config" in GRAPH["evenflow.clients.cli"]  # from ..daemon.config import ...
     assert "evenflow.tui.app" in GRAPH["evenflow.tui.demo"]  # deferred, and under TYPE_CHECKING
     assert "evenflow.tui" in GRAPH["evenflow.clients.cli"]  # from .. import tui
@@ -237,3 +256,6 @@ def test_the_checks_catch_a_new_cycle_and_an_upward_import():
         assert c[0] == c[-1] and set(c) <= set(comp) and all(b in graph[a] for a, b in zip(c, c[1:])), c
     rule = next(r for r in FORBIDDEN if r[:2] == ("daemon", "clients"))
     assert _violations(graph, rule) == [("evenflow.daemon.config", "evenflow.clients.cli")]
+    graph["evenflow.daemon.api.anthropic.routes"]["evenflow.daemon.api.ollama.prepare"] = 1  # a dialect crossing
+    rule = next(r for r in FORBIDDEN if r[:2] == ("daemon.api.anthropic", "daemon.api.ollama"))
+    assert _violations(graph, rule) == [("evenflow.daemon.api.anthropic.routes", "evenflow.daemon.api.ollama.prepare")]

@@ -131,6 +131,7 @@ class Tokenizer(Protocol):
 
     vocab_size: int
     bos_id: int | None
+    eos_id: int | None  # the vocabulary's end-of-sequence token (a template's `eos_token`); None if it has none
     eos_ids: set[int]  # every end-of-generation token (EOS, EOT, <|im_end|>, ...)
     add_bos: bool  # whether encode(add_special=True) prepends BOS
 
@@ -144,6 +145,11 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int]) -> str:
         """Ids to text, control tokens dropped, invalid UTF-8 replaced."""
+        ...
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        """The token as the vocabulary spells it, special tokens included (a template's bos/eos text); None for a
+        token it has no text for."""
         ...
 
     def grammar_vocab(self) -> GrammarVocab:

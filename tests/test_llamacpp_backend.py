@@ -154,6 +154,32 @@ def fixtures_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 
 
+def test_tokenizer_contract_spells_bos_and_eos_for_every_vocab():
+    """Tokenizer.eos_id and id_to_piece (a template's bos_token/eos_token text): in every fixture vocab the piece of
+    BOS and EOS is their spelling, which tokenizes back to that one id; out-of-range ids have no piece."""
+    vocabs = sorted((fixtures_dir() / "vocab").glob("ggml-vocab-*.gguf"))
+    if not vocabs:
+        pytest.skip(f"tokenizer fixtures not found under {fixtures_dir()} (set EVENFLOW_FIXTURES)")
+    spelled = 0
+    for path in vocabs:
+        tok = open_vocab(str(path))
+        try:
+            assert isinstance(tok, Tokenizer), path.name
+            assert tok.id_to_piece(-1) is None and tok.id_to_piece(tok.vocab_size) is None
+            if tok.eos_id is not None:
+                assert tok.eos_id in tok.eos_ids, path.name  # EOS ends generation
+            for tid in (tok.bos_id, tok.eos_id):
+                if tid is None:
+                    continue
+                piece = tok.id_to_piece(tid)
+                assert piece, (path.name, tid)
+                assert tok.encode(piece, add_special=False, parse_special=True) == [tid], (path.name, piece)
+                spelled += 1
+        finally:
+            tok.close()
+    assert spelled >= len(vocabs)  # every vocab spelt one of them at least
+
+
 @pytest.mark.parametrize("name", ["llama-spm", "llama-bpe", "qwen2"])
 def test_tokenizer_reproduces_llama_cpp_vectors(name):
     vocab = fixtures_dir() / "vocab" / f"ggml-vocab-{name}.gguf"

@@ -21,6 +21,7 @@ class ScriptTokenizer:
 
     vocab_size = 262
     bos_id = 257
+    eos_id = EOS
     eos_ids = {EOS}
     add_bos = False
 
@@ -37,6 +38,9 @@ class ScriptTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        return chr(token_id) if token_id < 256 else None  # the special tokens are spelt nowhere (no bos/eos text)
 
 
 class ScriptRunner(ToyRunner):

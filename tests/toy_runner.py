@@ -16,6 +16,7 @@ EOS, BOS, VOCAB = 256, 257, 258
 class ByteTokenizer:
     vocab_size = VOCAB
     bos_id = BOS
+    eos_id = EOS
     eos_ids = {EOS}
     add_bos = False
 
@@ -27,6 +28,9 @@ class ByteTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        return chr(token_id) if token_id < 256 else None  # the special tokens are spelt nowhere (no bos/eos text)
 
 
 class ToyRunner(Runner):

@@ -6,6 +6,7 @@ import ctypes
 import logging
 import os
 import threading
+from typing import Any
 
 import llama_cpp.llama_cpp as L
 
@@ -38,6 +39,11 @@ def ensure_backend() -> None:
         L.llama_log_set(_log_callback, ctypes.c_void_p(0))
         L.llama_backend_init()
         _initialised = True
+
+
+def log_callback() -> Any:
+    """The ctypes callback routing llama.cpp's logs (None before ensure_backend): libmtmd's logs take it too."""
+    return _log_callback
 
 
 def take_recent_errors() -> str:

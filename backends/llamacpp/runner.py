@@ -347,10 +347,10 @@ class LlamaCppRunner(Runner):
 
             decode_with_embeddings(self, order, spans, seqs, tok, pos, result, row_of, batch)
         else:
-            self._decode(order, spans, seqs, tok, pos, result, row_of, batch)
+            self.decode_spans(order, spans, seqs, tok, pos, result, row_of, batch)
         return result
 
-    def _decode(self, order: list[int], spans: list, seqs: list[int], tok: np.ndarray, pos: np.ndarray,
+    def decode_spans(self, order: list[int], spans: list, seqs: list[int], tok: np.ndarray, pos: np.ndarray,
                 result: np.ndarray, row_of: dict[int, int], batch: Batch) -> None:
         """One llama_decode over the spans in the given order; their logits rows into `result`."""
         out, seq = self._out, self._seq
@@ -370,7 +370,7 @@ class LlamaCppRunner(Runner):
         rc = L.llama_decode(self._ctx, self._cbatch)
         self.last_decode_s = time.perf_counter() - t0
         if rc != 0:
-            self._raise_decode_error(rc, batch)
+            self.raise_decode_error(rc, batch)
         if not want:
             return
         # llama_get_logits returns the output rows in batch order; an int address + a cached ctypes array type
@@ -383,7 +383,18 @@ class LlamaCppRunner(Runner):
             view_type = self._views[len(want)] = ctypes.c_float * (len(want) * self.vocab_size)
         result[want] = np.frombuffer(view_type.from_address(addr), dtype=np.float32).reshape(len(want), -1)
 
-    def _raise_decode_error(self, rc: int, batch: Batch) -> None:
+    @property
+    def llama_context(self) -> ctypes.c_void_p | None:
+        """The llama_context (vision_decode.py decodes image rows into it); None once closed."""
+        return self._ctx
+
+    @property
+    def llama_model(self) -> ctypes.c_void_p | None:
+        """The llama_model (vision.py loads the projector beside it); None once closed."""
+        return self._model
+
+    def raise_decode_error(self, rc: int, batch: Batch) -> None:
+        """llama_decode's return code `rc` as a RuntimeError that says what happened."""
         detail = take_recent_errors()
         if rc == 1:
             raise RuntimeError(

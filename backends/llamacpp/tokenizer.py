@@ -21,6 +21,8 @@ class LlamaCppTokenizer:
         self.vocab_size: int = L.llama_vocab_n_tokens(vocab)
         bos = L.llama_vocab_bos(vocab)
         self.bos_id: int | None = bos if bos >= 0 else None
+        eos = L.llama_vocab_eos(vocab)
+        self.eos_id: int | None = eos if eos >= 0 else None
         self.add_bos: bool = bool(L.llama_vocab_get_add_bos(vocab)) and self.bos_id is not None
         # every end-of-generation token (EOS, EOT, <|im_end|>, ...): one pass over the vocab at load
         self.eos_ids: set[int] = {t for t in range(self.vocab_size) if L.llama_vocab_is_eog(vocab, t)}
@@ -58,6 +60,13 @@ class LlamaCppTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         """Ids to text: the concatenated pieces (what streaming produces), invalid UTF-8 replaced."""
         return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        """The token's text in the vocabulary (llama_vocab_get_text: a control token's spelling too)."""
+        if not 0 <= token_id < self.vocab_size:
+            return None
+        text = L.llama_vocab_get_text(self._vocab, token_id)
+        return text.decode("utf-8", errors="replace") if text else None
 
     def grammar_vocab(self) -> GrammarVocab:
         """Pieces from llama.cpp; control tokens (and `<...>` user-defined ones) marked special by their text."""

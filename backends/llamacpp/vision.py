@@ -66,9 +66,10 @@ class LlamaCppVision(VisionEncoder):
     def __init__(self, model, n_embd: int, projector_path: str, n_threads: int) -> None:
         self.M = M = mtmd_module()
         self.n_embd = n_embd
-        if native._log_callback is not None:  # clip's and the helper's logs as llama.cpp's: DEBUG, errors quoted
-            M.mtmd_log_set(native._log_callback, ctypes.c_void_p(0))
-            M.mtmd_helper_log_set(native._log_callback, ctypes.c_void_p(0))
+        log_callback = native.log_callback()
+        if log_callback is not None:  # clip's and the helper's logs as llama.cpp's: DEBUG, errors quoted
+            M.mtmd_log_set(log_callback, ctypes.c_void_p(0))
+            M.mtmd_helper_log_set(log_callback, ctypes.c_void_p(0))
         params = M.mtmd_context_params_default()
         params.n_threads = n_threads
         params.print_timings = False
@@ -191,9 +192,9 @@ def attach_vision(runner, projector_path: str) -> None:
     import llama_cpp.llama_cpp as L  # noqa: PLC0415
 
     try:
-        n_embd = int(L.llama_model_n_embd(runner._model))
+        n_embd = int(L.llama_model_n_embd(runner.llama_model))
         # half the cores: an encode runs beside the engine's steps, which keep the rest
-        runner.vision = LlamaCppVision(runner._model, n_embd, projector_path, max(1, runner.n_threads // 2))
+        runner.vision = LlamaCppVision(runner.llama_model, n_embd, projector_path, max(1, runner.n_threads // 2))
         runner.vision_error = None
         if runner.extra_bufts and runner.info.file_type == "F32":  # docs/bench/vision_bench.md
             log.warning("%s: an F32 model with llama.cpp's extra buffer types on: steps that carry image rows can "

@@ -35,7 +35,7 @@ def decode_with_embeddings(runner, order: list[int], spans: list[SeqSpan], seqs:
              if any(s.start <= f < s.start + s.length for f, _, _ in embeds)}
     plain = [i for i in order if i not in mixed]
     if plain:
-        runner._decode(plain, spans, seqs, tok, pos, result, row_of, batch)
+        runner.decode_spans(plain, spans, seqs, tok, pos, result, row_of, batch)
     for i in order:
         if i not in mixed:
             continue
@@ -45,7 +45,7 @@ def decode_with_embeddings(runner, order: list[int], spans: list[SeqSpan], seqs:
             need = s.need_logits and k == len(segs) - 1
             if rows is None:
                 sub = SeqSpan(s.slot, flat, n, int(pos[flat]), [], need)
-                runner._decode([0], [sub], [seqs[i]], tok, pos, result, {0: row_of[i]} if need else {}, batch)
+                runner.decode_spans([0], [sub], [seqs[i]], tok, pos, result, {0: row_of[i]} if need else {}, batch)
             else:
                 logits = _decode_rows(runner, rows, pos[flat:flat + n], seqs[i], need, causal)
                 if need:
@@ -73,15 +73,15 @@ def _decode_rows(runner, rows: np.ndarray, positions: np.ndarray, seq: int, need
     b.seq_id = ptrs.ctypes.data_as(ctypes.POINTER(i32))
     b.logits = out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
     if not causal:  # the image's rows attend each other both ways (the scheduler placed the span whole)
-        L.llama_set_causal_attn(runner._ctx, False)
+        L.llama_set_causal_attn(runner.llama_context, False)
     try:
-        rc = L.llama_decode(runner._ctx, b)
+        rc = L.llama_decode(runner.llama_context, b)
     finally:
         if not causal:
-            L.llama_set_causal_attn(runner._ctx, True)
+            L.llama_set_causal_attn(runner.llama_context, True)
     if rc != 0:
-        runner._raise_decode_error(rc, Batch([0] * n, list(map(int, p)), [], 0))
+        runner.raise_decode_error(rc, Batch([0] * n, list(map(int, p)), [], 0))
     if not need_logits:
         return None
-    ptr = L.llama_get_logits_ith(runner._ctx, -1)
+    ptr = L.llama_get_logits_ith(runner.llama_context, -1)
     return np.ctypeslib.as_array(ptr, shape=(runner.vocab_size,)).copy()

@@ -11,8 +11,8 @@ from ...manager import LoadedModel
 from ...prompt import formats
 from ...prompt import templates as tpl
 from ...store.names import parse_name
-from . import prompt_size
 from ..http.errors import APIError
+from . import prompt_size
 
 log = logging.getLogger(__name__)
 
@@ -107,18 +107,16 @@ def structure_tokens(tok: Any, markers: tuple[str, ...]) -> dict[int, bytes]:
 
 
 def _special_text(model: LoadedModel, token_id: int | None) -> str:
-    piece = getattr(model.runner.tokenizer, "id_to_piece", None)
-    if token_id is None or piece is None:
+    if token_id is None:
         return ""
     try:
-        return piece(token_id) or ""
+        return model.runner.tokenizer.id_to_piece(token_id) or ""
     except Exception:  # noqa: BLE001 - a tokenizer without that id simply has no text for it
         return ""
 
 
 def _eos_text(model: LoadedModel) -> str:
-    tok = model.runner.tokenizer
-    return model.record.eos_token or _special_text(model, getattr(tok, "eos_id", None))
+    return model.record.eos_token or _special_text(model, model.runner.tokenizer.eos_id)
 
 
 def _bos_text(model: LoadedModel) -> str:

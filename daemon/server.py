@@ -22,6 +22,7 @@ from .api.http.errors import install_handlers
 from .api.http.guard import GuardMiddleware
 from .api.http.limits import LimitsMiddleware
 from .api.http.workers import WorkerPool
+from .api.models import routes as models
 from .api.models.store_adapter import make_store, record_resolver
 from .api.ollama import routes as ollama
 from .api.ollama.routes import VERSION
@@ -108,6 +109,7 @@ def create_app(settings: Settings, store: Store | None = None, manager: ModelMan
     install_handlers(app)
     app.add_middleware(LimitsMiddleware, max_body=settings.max_body_mb * 2**20)  # inside the guard: it counts these
     app.include_router(ollama.router)
+    app.include_router(models.router)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(responses.router)

@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from .... import __version__
 from ..http.errors import APIError, not_found, parse_body
 from ..http.wire import NDJSON
-from ..models.routes import router as models_router
 from ..pipeline import generation
 from ..pipeline.generation import Embed, Generate
 from . import plan, prepare
@@ -18,7 +17,6 @@ from .reply import ChatReply, GenerateReply, embed_reply, embeddings_reply
 from .request import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
 router = APIRouter()
-router.include_router(models_router)
 
 VERSION = "0.13.0"  # the Ollama API version we answer /api/version with (clients gate features on it)
 

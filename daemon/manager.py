@@ -331,7 +331,7 @@ class ModelManager:
         ctx = min(want, int(runner.info.context_length))
         cfg = EngineConfig(prefill_mode=s.prefill, max_num_batched_tokens=step_cap,
                            max_num_seqs=self.slots, target_itl_ms=s.target_itl_ms, max_queue=s.max_queue,
-                           context_length=ctx)
+                           context_length=ctx, speculative=s.speculative)
         engine = Engine(runner, cfg, name=record.name, kv_disk=self.kv_disk, model_id=model_identity(record.path))
         await asyncio.to_thread(engine.warm_disk_cache)
         engine.start()

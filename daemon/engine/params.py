@@ -11,11 +11,11 @@ log = logging.getLogger(__name__)
 # Ollama's api.DefaultOptions() for the sampling keys (repeat_penalty is 1.0 since v0.32.10).
 MIN_SAMPLING_TEMPERATURE = 1e-6
 _FLOAT_KEYS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
-_INT_KEYS = ("top_k", "repeat_last_n", "seed", "num_predict")
+_INT_KEYS = ("top_k", "repeat_last_n", "seed", "num_predict", "draft_num_predict")
 # Accepted and ignored, as Ollama does (runner options and removed knobs).
 IGNORED_OPTIONS = frozenset(
     {
-        "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "num_keep", "draft_num_predict",
+        "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "num_keep",
         "mirostat", "mirostat_tau", "mirostat_eta", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
         "penalize_newline", "numa", "tfs_z", "embedding_only",
         "priority",  # scheduling, not sampling: read by the API layer (daemon/api/prepare.py)
@@ -42,6 +42,8 @@ class SamplingParams:
     num_predict: int = -1  # -1 = until a stop condition, -2 = until the context is full
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # an extension (llama-server, vLLM): end-of-generation tokens are never sampled
+    # speculative decoding (Ollama's option): -1 = as many draft tokens as pay (adaptive), 0 = none, N = N per step
+    draft_num_predict: int = -1
 
     def __post_init__(self) -> None:
         self.validate()
@@ -73,6 +75,9 @@ class SamplingParams:
             raise InvalidParams(f"option 'repeat_last_n' must be >= -1, got {self.repeat_last_n}")
         if self.num_predict < -2:
             raise InvalidParams(f"option 'num_predict' must be -1, -2 or >= 0, got {self.num_predict}")
+        if self.draft_num_predict < -1:
+            raise InvalidParams(f"option 'draft_num_predict' must be -1 (adaptive), 0 (off) or a number of draft "
+                                f"tokens, got {self.draft_num_predict}")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidParams(f"option 'ignore_eos' must be a boolean, got {self.ignore_eos!r}")
         if isinstance(self.stop, str):

@@ -33,6 +33,8 @@ class RequestMetrics:
     queue_ns: int = 0  # arrival -> first scheduled
     preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at (first) admission
+    draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
+    accepted_tokens: int = 0  # ... and kept (each one a token that cost no forward pass of its own)
 
     def as_ollama(self) -> dict[str, int]:
         return {

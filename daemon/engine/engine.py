@@ -526,7 +526,8 @@ class Engine:
                         seq.user.get("model", self.name), error)
         self._published_wait.pop(seq.seq_id, None)
         self._send(seq, Delta(tail, [], done=True, done_reason=reason, error=error, metrics=m))
-        self._publish_request(seq, "finished", done_reason=reason, text=tail)
+        self._publish_request(seq, "finished", done_reason=reason, text=tail, draft_tokens=m.draft_tokens,
+                              accepted_tokens=m.accepted_tokens)
 
     def _abort_all(self, reason: str, error: str | None) -> None:
         for seq in list(self._seqs.values()):

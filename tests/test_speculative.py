@@ -251,3 +251,21 @@ def test_real_backends_equal_one_token_at_a_time(backend, synthetic_model, tied:
         assert final.metrics.draft_tokens == 0 and final.done_reason in ("stop", "length")
     finally:
         runner.close()
+
+
+def test_monitor_shows_drafts_and_their_acceptance() -> None:
+    from evenflow.tui.state import MonitorState
+    from evenflow.tui.timeline import tokens_rows
+
+    state = MonitorState()
+    base = {"type": "step", "model": "m", "prefill_tokens": 0, "step_ms": 40.0, "target_ms": 150.0}
+    state.apply({**base, "time": 100.0, "decodes": 2, "draft_tokens": 0, "accepted_tokens": 0})
+    assert state.speculation(100.0) is None
+    state.apply({**base, "time": 101.0, "decodes": 2, "draft_tokens": 8, "accepted_tokens": 6})
+    state.apply({**base, "time": 102.0, "decodes": 1, "draft_tokens": 4, "accepted_tokens": 0})
+    spec = state.speculation(102.0)
+    assert spec == {"acceptance": 0.5, "tokens_per_forward": (5 + 6) / 5}
+    rows = tokens_rows(list(state.steps), 10)
+    column = ["".join(piece for piece, _ in row[1:])[1] for row in rows]  # the step with 8 draft tokens
+    assert column.count("█") == 2 and column.count("░") == 8
+    assert state.speculation(200.0) is None  # a minute later nothing is left in the window

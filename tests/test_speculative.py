@@ -269,3 +269,46 @@ def test_monitor_shows_drafts_and_their_acceptance() -> None:
     column = ["".join(piece for piece, _ in row[1:])[1] for row in rows]  # the step with 8 draft tokens
     assert column.count("█") == 2 and column.count("░") == 8
     assert state.speculation(200.0) is None  # a minute later nothing is left in the window
+
+
+# ---- a draft model (llama.cpp) ----
+
+@pytest.mark.skipif(not HAS["llamacpp"], reason="llama_cpp is not installed")
+@pytest.mark.parametrize("layout", ["streams", "unified"])
+def test_a_draft_model_drafts_and_changes_nothing_but_speed(synthetic_model, layout: str) -> None:
+    from evenflow.daemon.engine.draft_model import DraftVocabMismatch, check_vocab
+
+    target_path = str(synthetic_model("tiny", "llama", formats=("gguf",), qk_std=0.3)["gguf"])
+    other_path = str(synthetic_model("tiny", "llama", formats=("gguf",), qk_std=0.3, seed=1,
+                                     num_hidden_layers=1)["gguf"])
+    target = load_runner("llamacpp", target_path, _settings(layout))
+    drafts = {"itself": load_runner("llamacpp", target_path, _settings(layout)),
+              "another model": load_runner("llamacpp", other_path, _settings(layout))}
+    try:
+        rng = np.random.default_rng(9)
+        prompts = [[int(t) for t in rng.integers(3, 1900, n)] for n in (11, 30, 47)]
+        params = [SamplingParams(temperature=0, num_predict=36, draft_num_predict=d) for d in (4, 6, 2)]
+        want = run(Engine(target, EngineConfig(max_num_batched_tokens=24, speculative="off")), prompts, params)
+        for name, draft in drafts.items():
+            check_vocab(target, draft, "target", name)
+            engine = Engine(target, EngineConfig(max_num_batched_tokens=24), draft=draft)
+            got = run(engine, prompts, params, on_step=lambda e: _audit(e, "llamacpp"))
+            assert [g[0] for g in got] == [w[0] for w in want], name
+            st = engine.stats()
+            assert st.kv_blocks_used == 0 and engine.spec.drafter.blocks.num_used == 0  # type: ignore[union-attr]
+            if name == "itself":  # the model drafting for itself is always right
+                assert st.accepted_tokens == st.draft_tokens > 0
+            else:
+                assert st.draft_tokens > st.accepted_tokens
+    finally:
+        for r in (target, *drafts.values()):
+            r.close()
+    small_vocab = str(synthetic_model("tiny", "llama", formats=("gguf",), vocab_size=1024)["gguf"])
+    a, b = load_runner("llamacpp", target_path, _settings(layout)), load_runner("llamacpp", small_vocab,
+                                                                                _settings(layout))
+    try:
+        with pytest.raises(DraftVocabMismatch, match="has 1024 tokens, 'big' has 2048"):
+            check_vocab(a, b, "big", "small")
+    finally:
+        a.close()
+        b.close()

@@ -30,8 +30,7 @@ from .params import SamplingParams
 from .sampling import RequestRng, penalty_window, sample_batch
 from .scheduler import Scheduler, SchedulerConfig, StepPlan
 from .sequence import Delta, RequestStream, Sequence
-from .ngram import PromptLookup
-from .speculative import SpecConfig, Speculator
+from .speculative import make_speculator
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +59,10 @@ def penalty_history(seq: Sequence, draft: list[int] | None = None) -> list[int]:
 
 class Engine:
     def __init__(self, runner: Runner, config: EngineConfig | None = None, name: str = "", *,
-                 kv_disk: DiskKVCache | None = None, model_id: str = "") -> None:
+                 kv_disk: DiskKVCache | None = None, model_id: str = "", draft: Runner | None = None) -> None:
         """`kv_disk`: save cached prefixes there when stopping and read them back for new prompts; `model_id` names
-        the weights (their digest) in the disk cache's key."""
+        the weights (their digest) in the disk cache's key; `draft`: a draft model's runner (same vocabulary,
+        draft_model.check_vocab) that proposes the draft tokens instead of prompt lookup (the caller closes it)."""
         self.runner = runner
         self.config = config or EngineConfig()
         self.name = name
@@ -85,13 +85,7 @@ class Engine:
         self._deferred: set[int] = set()  # seq ids whose "add" waits for a disk read
         self._deferred_aborts: set[int] = set()
         self.policy = make_budget_policy(self.config, runner)
-        # speculative decoding (speculative.py): not where rejected tokens cannot be taken back (a recurrent state)
-        self.spec = Speculator(
-            SpecConfig(self.config.speculative), PromptLookup(runner.info.vocab_size), runner.max_logits_rows,
-            one_pass=runner.kv_layout != "streams",
-            max_step_tokens=min(self.policy.max_tokens, runner.max_batch_tokens or self.policy.max_tokens),
-            target_s=self.policy.target if isinstance(self.policy, AdaptiveBudget) else None,
-        ) if self.config.speculative != "off" and runner.can_rollback else None
+        self.spec = make_speculator(self.config.speculative, runner, self.policy, draft)  # None: off
         self._accepted = 0  # draft tokens kept this step
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk,

@@ -83,6 +83,9 @@ class PromptLookup:
         self._found[seq.seq_id] = draft[:n]
         return n, min(match, 4) if n else 0
 
+    def follow(self, plan) -> None:
+        """Nothing to read along: the sequence's tokens are its state."""
+
     def draft(self, wants: list[tuple[object, int]]) -> list[list[int]]:
         """The first k tokens offered to each (sequence, k)."""
         return [self._found.pop(seq.seq_id, [])[:k] for seq, k in wants]  # type: ignore[attr-defined]

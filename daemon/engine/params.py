@@ -19,6 +19,7 @@ IGNORED_OPTIONS = frozenset(
         "mirostat", "mirostat_tau", "mirostat_eta", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
         "penalize_newline", "numa", "tfs_z", "embedding_only",
         "priority",  # scheduling, not sampling: read by the API layer (daemon/api/prepare.py)
+        "draft_model",  # a model setting (Modelfile DRAFT): the manager loads it beside the model
     }
 )
 
@@ -94,6 +95,9 @@ class SamplingParams:
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> "SamplingParams":
         """Ollama precedence: built-in defaults < `defaults` (model PARAMETERs) < request `options`."""
+        if isinstance(options, dict) and "draft_model" in options:
+            raise InvalidParams("option 'draft_model' cannot be set per request: name the draft model in the "
+                                "model's Modelfile (DRAFT NAME, or PARAMETER draft_model NAME)")
         merged: dict[str, Any] = {}
         known = {f.name for f in fields(cls)}
         for layer in (defaults or {}, options or {}):

@@ -22,7 +22,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from ...backends.base import Runner
+from .budget import AdaptiveBudget, BudgetPolicy
 from .draft_cost import DraftCost
+from .draft_model import DraftModel
 from .kv import BlockManager
 from .ngram import PromptLookup
 from .scheduler import ScheduledSpan, StepPlan
@@ -30,7 +33,7 @@ from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-SPEC_MODES = ("ngram", "off")
+SPEC_MODES = ("ngram", "draft", "off")
 MAX_BUCKET = 4  # acceptance buckets: 0 = a draft model's tokens, 1..4 = prompt lookup by match length (4: 4+)
 # Engine-wide prior acceptance per bucket (a longer match is a surer guess), worth PRIOR_WEIGHT drafts
 PRIOR_ALPHA = (0.6, 0.3, 0.45, 0.6, 0.7)
@@ -44,6 +47,10 @@ class Drafter(Protocol):
     """Where draft tokens come from: prompt lookup (ngram.PromptLookup) or a draft model (draft_model.py)."""
 
     sequential: bool  # each draft token costs a forward pass of its own (a draft model), shared by the sequences
+
+    def follow(self, plan: StepPlan) -> None:
+        """Every step, before drafting: read along what the target computes (a draft model's prompt)."""
+        ...
 
     def offer(self, seq: Sequence, cap: int) -> tuple[int, int]:
         """(draft tokens it can give `seq` now, at most `cap`; acceptance bucket)."""
@@ -63,7 +70,7 @@ class Drafter(Protocol):
 
 @dataclass
 class SpecConfig:
-    mode: str = "ngram"  # ngram: prompt lookup; off
+    mode: str = "ngram"  # ngram: prompt lookup; draft: a draft model; off
     max_draft: int = 16  # most draft tokens one sequence carries in a step
 
     def __post_init__(self) -> None:
@@ -120,6 +127,7 @@ class Speculator:
     # ---- planning ----
     def extend(self, plan: StepPlan, blocks: BlockManager, eligible: Callable[[Sequence], bool]) -> None:
         """Give some of `plan`'s decodes draft tokens (allocating their KV blocks)."""
+        self.drafter.follow(plan)
         if plan.num_decodes == 0 or plan.prefill_tokens or len(plan.spans) != plan.num_decodes:
             return
         cands = [c for span in plan.spans if (c := self._candidate(span, blocks, eligible)) is not None]
@@ -254,3 +262,15 @@ class Speculator:
     def forget(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
         self.drafter.forget(seq_id)
+
+
+def make_speculator(mode: str, runner: Runner, policy: BudgetPolicy, draft: Runner | None) -> Speculator | None:
+    """The engine's speculator: prompt lookup, or the draft model when one is loaded; None when `mode` is off or the
+    model cannot take back rejected tokens (a recurrent state)."""
+    if mode == "off" or not runner.can_rollback or (draft is not None and not draft.can_rollback):
+        return None
+    drafter: Drafter = PromptLookup(runner.info.vocab_size) if draft is None else DraftModel(draft)
+    return Speculator(SpecConfig("ngram" if draft is None else "draft"), drafter, runner.max_logits_rows,
+                      one_pass=runner.kv_layout != "streams",
+                      max_step_tokens=min(policy.max_tokens, runner.max_batch_tokens or policy.max_tokens),
+                      target_s=policy.target if isinstance(policy, AdaptiveBudget) else None)

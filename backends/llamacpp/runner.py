@@ -195,9 +195,12 @@ class LlamaCppRunner(Runner):
         # streams: a finished sequence's cells stay in its own stream instead.
         self._holder_ids = (min(PREFIX_HOLDERS, int(L.llama_max_parallel_sequences()) - self.max_num_seqs)
                             if self.shared_kv else 0)
-        # a recurrent state cannot take back rejected draft tokens: no speculative decoding on such a model
+        # Rejected draft tokens are taken back with llama_memory_seq_rm: not possible for a recurrent state, nor for a
+        # sliding-window cache that keeps only the window (it drops the cells a draft slid past; ours keeps them all,
+        # swa_full, the default), so no speculative decoding there.
         self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
         self._ctx = self._new_context(n_ctx, settings)
+        self.can_rollback = self.can_rollback and (self._swa_full or L.llama_model_n_swa(self._model) == 0)
         self.max_logits_rows = self.max_num_seqs + self._holder_ids + (DRAFT_ROWS if self.can_rollback else 0)
         # llama.cpp may pad n_ctx; the scheduler must never count more than the cache really holds
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
@@ -293,6 +296,7 @@ class LlamaCppRunner(Runner):
         cp.no_perf = True
         cp.type_k, cp.type_v = (_GGML_TYPES[t][0] for t in self.kv_types)
         cp.flash_attn_type = self._flash_attn = self._flash_attn_type(settings.flash_attention)
+        self._swa_full = bool(cp.swa_full)
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:
             raise ModelLoadError(

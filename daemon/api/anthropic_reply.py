@@ -162,6 +162,9 @@ class AnthropicReply:
         any_calls = False
         try:
             async for p in pieces:
+                if p.progress is not None:  # a `ping` the SDK skips, carrying the report (return_progress)
+                    yield {"type": "ping", "prompt_progress": p.progress}
+                    continue
                 texts.append(p.text)
                 ids += p.token_ids
                 thinking, text, calls = self.parser.feed(p.text, p.final is not None)

@@ -11,11 +11,11 @@ log = logging.getLogger(__name__)
 # Ollama's api.DefaultOptions() for the sampling keys (repeat_penalty is 1.0 since v0.32.10).
 MIN_SAMPLING_TEMPERATURE = 1e-6
 _FLOAT_KEYS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
-_INT_KEYS = ("top_k", "repeat_last_n", "seed", "num_predict", "draft_num_predict")
+_INT_KEYS = ("top_k", "repeat_last_n", "seed", "num_predict", "num_keep", "draft_num_predict")
 # Accepted and ignored, as Ollama does (runner options and removed knobs).
 IGNORED_OPTIONS = frozenset(
     {
-        "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "num_keep",
+        "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
         "mirostat", "mirostat_tau", "mirostat_eta", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
         "penalize_newline", "numa", "tfs_z", "embedding_only",
         "priority",  # scheduling, not sampling: read by the API layer (daemon/api/prepare.py)
@@ -43,6 +43,8 @@ class SamplingParams:
     num_predict: int = -1  # -1 = until a stop condition, -2 = until the context is full
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # an extension (llama-server, vLLM): end-of-generation tokens are never sampled
+    num_keep: int = 4  # tokens (after BOS) a context shift keeps at the start; -1 = the whole prompt (Ollama's)
+    shift: bool = False  # the window full: drop its middle and go on (Ollama's `shift`), else stop with "length"
     # speculative decoding (Ollama's option): -1 = as many draft tokens as pay (adaptive), 0 = none, N = N per step
     draft_num_predict: int = -1
 
@@ -79,8 +81,11 @@ class SamplingParams:
         if self.draft_num_predict < -1:
             raise InvalidParams(f"option 'draft_num_predict' must be -1 (adaptive), 0 (off) or a number of draft "
                                 f"tokens, got {self.draft_num_predict}")
-        if not isinstance(self.ignore_eos, bool):
-            raise InvalidParams(f"option 'ignore_eos' must be a boolean, got {self.ignore_eos!r}")
+        if self.num_keep < -1:
+            raise InvalidParams(f"option 'num_keep' must be -1 (the whole prompt) or >= 0, got {self.num_keep}")
+        if not isinstance(self.ignore_eos, bool) or not isinstance(self.shift, bool):
+            bad = "ignore_eos" if not isinstance(self.ignore_eos, bool) else "shift"
+            raise InvalidParams(f"option {bad!r} must be a boolean, got {getattr(self, bad)!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
@@ -99,7 +104,7 @@ class SamplingParams:
             raise InvalidParams("option 'draft_model' cannot be set per request: name the draft model in the "
                                 "model's Modelfile (DRAFT NAME, or PARAMETER draft_model NAME)")
         merged: dict[str, Any] = {}
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"shift"}  # a request field (Ollama's), not an option
         for layer in (defaults or {}, options or {}):
             if not isinstance(layer, dict):
                 raise InvalidParams(f"options must be an object, got {type(layer).__name__}")

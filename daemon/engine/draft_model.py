@@ -46,6 +46,7 @@ def check_vocab(target: Runner, draft: Runner, target_name: str, draft_name: str
 @dataclass
 class _DraftSeq:
     slot: int
+    shifts: int  # the sequence's context shifts when the draft model started reading it
     computed: int = 0  # tokens of the sequence whose KV the draft model holds
     block_table: list[int] = field(default_factory=list)
 
@@ -105,7 +106,7 @@ class DraftModel:
 
     def draft(self, wants: list[tuple[Sequence, int]]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in wants]
-        live = [(i, seq, self._seqs[seq.seq_id], k) for i, (seq, k) in enumerate(wants) if seq.seq_id in self._seqs]
+        live = [(i, seq, ds, k) for i, (seq, k) in enumerate(wants) if (ds := self._track(seq)) is not None]
         # pass 1 reads what each sequence's draft KV lacks, up to its pending token; pass j feeds draft j - 1
         feed = {i: seq.tokens(ds.computed, seq.num_tokens) for i, seq, ds, _ in live}
         for j in range(max((k for *_, k in live), default=0)):
@@ -144,8 +145,11 @@ class DraftModel:
     # ---- internals ----
     def _track(self, seq: Sequence) -> _DraftSeq | None:
         ds = self._seqs.get(seq.seq_id)
+        if ds is not None and ds.shifts != seq.metrics.shifts:  # a context shift rewrote the sequence: read it anew
+            self.forget(seq.seq_id)
+            ds = None
         if ds is None and self.slots.num_free:
-            ds = self._seqs[seq.seq_id] = _DraftSeq(self.slots.acquire())
+            ds = self._seqs[seq.seq_id] = _DraftSeq(self.slots.acquire(), seq.metrics.shifts)
         return ds
 
     def _run(self, spans: list[tuple[Sequence, _DraftSeq, list[int]]], need: bool) -> list[np.ndarray | None]:

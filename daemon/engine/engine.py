@@ -30,7 +30,7 @@ from .params import SamplingParams
 from .progress import PromptProgress
 from .sampling import RequestRng, penalty_window, sample_batch
 from .scheduler import Scheduler, SchedulerConfig, StepPlan
-from .sequence import Delta, RequestStream, Sequence
+from .sequence import Delta, RequestStream, Sequence, Status
 from .speculative import make_speculator
 
 log = logging.getLogger(__name__)
@@ -389,7 +389,9 @@ class Engine:
             # a row per token to sample: a decode carrying k draft tokens gives k + 1 (speculative.py)
             rows = [(s, j) for s in sampled for j in range(len(s.draft) + 1)]
             seqs = [s.seq for s, _ in rows]
-            logits = np.array(logits, dtype=np.float32, copy=True)
+            logits = np.asarray(logits, dtype=np.float32)
+            if not (logits.flags.owndata and logits.flags.writeable):  # sampling writes into it
+                logits = logits.copy()  # (a runner's fresh array is not copied: 1 MB a row for a 256k vocabulary)
             # the model's own distribution, before penalties, masks and temperature change the logits
             want = [i for i, q in enumerate(seqs) if self._states[q.seq_id].logprobs is not None]
             logp = log_softmax(logits[want]) if want else None
@@ -445,7 +447,7 @@ class Engine:
         self.spec.verified(seq, span.draft_bucket, len(draft), kept)  # type: ignore[union-attr]
         for j in range(kept + 1):
             self._commit(seq, int(toks[j]), lps[j])
-            if seq.is_finished:
+            if seq.status is not Status.RUNNING:  # finished, or its window filled and it shifted (recomputed)
                 return
             if j < kept:
                 seq.num_computed += 1  # this draft token was the one sampled: its KV, computed this step, stands

@@ -15,15 +15,15 @@ MAX_MATCH = 8  # longest suffix compared; a longer match says no more about the 
 class TokenHistory:
     """A sequence's known tokens as a growing int32 array (appended as the sequence grows, never rebuilt)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shifts: int = 0) -> None:
         self._buf = np.zeros(64, dtype=np.int32)
         self.n = 0
+        self.shifts = shifts  # the sequence's context shifts when this was started: one more, and it is stale
 
     def sync(self, tokens_of, num_tokens: int) -> None:
-        """Bring the array up to `num_tokens`: `tokens_of(start, end)` gives the known tokens [start, end)."""
-        if num_tokens < self.n:  # the sequence was cut back (never happens today; stay correct)
-            self.n = num_tokens
-        if num_tokens == self.n:
+        """Bring the array up to `num_tokens` (the sequence only grows): `tokens_of(start, end)` gives the known
+        tokens [start, end)."""
+        if num_tokens <= self.n:
             return
         if num_tokens > len(self._buf):
             buf = np.zeros(max(num_tokens, 2 * len(self._buf)), dtype=np.int32)
@@ -74,8 +74,8 @@ class PromptLookup:
         """(draft tokens available, acceptance bucket = the match length, at most 4) for a sequence about to
         decode; (0, 0) when its latest tokens occurred nowhere before."""
         h = self._histories.get(seq.seq_id)
-        if h is None:
-            h = self._histories[seq.seq_id] = TokenHistory()
+        if h is None or h.shifts != seq.metrics.shifts:  # a context shift rewrote the sequence's tokens
+            h = self._histories[seq.seq_id] = TokenHistory(seq.metrics.shifts)
         h.sync(seq.tokens, seq.num_tokens)
         draft, match = lookup(h.tokens, cap)
         # an image's placeholder ids (negative) are no tokens: the draft stops before one

@@ -162,7 +162,7 @@ class Speculator:
                   seq.max_tokens - seq.num_tokens,  # the last draft's position stays inside the window
                   blocks.max_new_tokens(seq) - 1)
         if p.num_predict >= 0:
-            cap = min(cap, p.num_predict - len(seq.output_ids) - 1)  # accepted + one more must not exceed it
+            cap = min(cap, p.num_predict - seq.num_generated - 1)  # accepted + one more must not exceed it
         if cap <= 0:
             return None
         st = self._seqs.get(seq.seq_id)
@@ -201,7 +201,8 @@ class Speculator:
         ks = [c.k for c in cands]
         t = self._predict(d, ks)
         gain = float(d) + sum(sum(c.alpha ** j for j in range(1, c.k + 1)) for c in cands)
-        limit = self.target_s if self.target_s is not None else float("inf")
+        # the latency target is the other streams' promise: a lone decode's step may run past it (it gets the tokens)
+        limit = self.target_s if self.target_s is not None and d > 1 else float("inf")
         while rows_left > 0 and tokens_left > 0:
             best = None  # (expected tokens per second added, index, tokens, expected tokens, new step time)
             for i, c in enumerate(cands):

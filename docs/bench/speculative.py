@@ -17,6 +17,11 @@ models are base models: no chat template):
 Decode tokens/s = (completion tokens - 1) / (last chunk - first chunk), completion tokens from the stream's usage.
 evenflow's own counters (/metrics) give the acceptance rate and tokens per forward of each scenario.
 Writes speculative.json and speculative.md next to this file.
+
+On a machine shared with other work, run it as `GOMP_SPINCOUNT=0 python docs/bench/speculative.py`: llama.cpp's
+OpenMP threads spin at every barrier before they sleep, and with more runnable threads than cores a spinning thread
+takes the core its peer needs (a Gemma decode took 737 ms instead of 167 here). The variable reaches every server
+(the daemons inherit it, the in-process llama-servers' libgomp reads it at import) and is recorded in the JSON.
 """
 from __future__ import annotations
 
@@ -162,7 +167,7 @@ def main() -> None:
     ap.add_argument("--gguf", help="a GGUF instead of --model")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--doc-chars", type=int, default=6500)
+    ap.add_argument("--doc-chars", type=int, default=10000)
     ap.add_argument("--stall-seconds", type=float, default=150)
     ap.add_argument("--skip-stall", action="store_true")
     ap.add_argument("--out", default=str(HERE / "speculative"))
@@ -175,7 +180,8 @@ def main() -> None:
                 if ln.startswith("model name")), platform.processor())
     meta: dict[str, Any] = {"model": Path(gguf).name, "cpu": cpu, "threads": THREADS, "doc_chars": len(doc),
                             "max_tokens": a.max_tokens, "reps": a.reps, "loadavg_start": os.getloadavg(),
-                            "time": time.strftime("%Y-%m-%d %H:%M"), "shared_machine": True}
+                            "time": time.strftime("%Y-%m-%d %H:%M"), "shared_machine": True,
+                            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
     rows: list[dict[str, Any]] = []
     spec: dict[str, dict[str, float]] = {}
     with servers(gguf, names) as urls:
@@ -224,8 +230,9 @@ def main() -> None:
 def report(out: dict[str, Any], names: list[str]) -> str:
     m = out["meta"]
     off = "evenflow spec off"
+    spin = f" GOMP_SPINCOUNT={m['gomp_spincount']} for every server." if m.get("gomp_spincount") is not None else ""
     lines = [f"# Speculative decoding: {m['model']}, {m['threads']} threads, {m['cpu']}", "",
-             f"{m['time']}; a machine shared with other engineers' work (load average {m['loadavg_start'][0]:.1f} "
+             f"{m['time']};{spin} a machine shared with other engineers' work (load average {m['loadavg_start'][0]:.1f} "
              f"at the start, {m['loadavg_end'][0]:.1f} at the end): ratios within this run, not absolute speeds. "
              f"Greedy unless said; {m['reps']} rounds, {m['max_tokens']} tokens at most; median decode tokens/s.", "",
              "| scenario | " + " | ".join(names) + f" | evenflow / {off} |", "|---" * (len(names) + 2) + "|"]

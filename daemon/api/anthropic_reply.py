@@ -126,7 +126,7 @@ class AnthropicReply:
 
     def __init__(self, req: MessagesRequest, model: LoadedModel, prep: Prepared) -> None:
         self.max_tokens = req.max_tokens
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
         self.token_bytes = model.runner.tokenizer.token_bytes
         self.stops = prep.params.stop or []
         self.writer = MessageWriter(req.model, len(prep.prompt_ids))

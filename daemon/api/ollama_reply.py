@@ -25,7 +25,7 @@ class GenerateReply:
 
     def __init__(self, req: GenerateRequest, model: LoadedModel, prep: Prepared) -> None:
         self.req, self.prompt_ids = req, prep.prompt_ids
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, None)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, None, prep.arch)
         self.tokenizer = model.runner.tokenizer
 
     def _final(self, output_ids: list[int], final: dict[str, Any], truncated: dict[str, Any] | None) -> dict[str, Any]:
@@ -78,7 +78,7 @@ class ChatReply:
 
     def __init__(self, req: ChatRequest, model: LoadedModel, prep: Prepared) -> None:
         self.model = req.model
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
         self.tokenizer = model.runner.tokenizer
 
     def _chunk(self, content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class ChatCompletionReply:
 
     def __init__(self, req: ChatCompletionRequest, model: LoadedModel, prep: Prepared) -> None:
         self.n = prep.n
-        self.parsers = [ReplyParser(prep.template, prep.text, prep.think, prep.tools) for _ in range(prep.n)]
+        self.parsers = [ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch) for _ in range(prep.n)]
         self.tokenizer = model.runner.tokenizer
         self.want_lp = prep.logprobs is not None
         self.base = {"id": f"chatcmpl-{random.randint(0, 998)}", "created": int(time.time()), "model": req.model,

@@ -44,6 +44,7 @@ class Prepared:
     n: int = 1  # choices sampled from the one prompt (/v1 `n`)
     priority: int = 0  # lower is scheduled sooner (the engine's prompt order)
     template: str | None = None  # the model's template: the reply is read back in its tool-call format
+    arch: str | None = None  # the model's architecture: with the template, it picks the reply format
     embeds: list[EmbedSpan] | None = None  # image spans of the prompt, encoded here (images.py)
     truncation: Truncation | None = None  # what the prompt lost to fit the window (overflow.py)
     progress: bool = False  # the stream carries prompt progress (the request asked: `return_progress`)
@@ -59,10 +60,11 @@ def check_format(fmt: Any) -> str | None:
 
 def constraint_for(model: LoadedModel, grammar: str | None, think: bool | str | None) -> Constraint | None:
     """The grammar as this model's matcher. With thinking on, the thinking stays free and the answer after
-    the closing tag is constrained (Ollama generates until thinking ends, then applies the grammar)."""
+    the closing tag is constrained (Ollama generates until thinking ends, then applies the grammar); so too for a
+    model that thinks whatever `think` says (gpt-oss: the answer is its final channel)."""
     if grammar is None:
         return None
-    tags = prompting.thinking_tags(model) if think else None
+    tags = prompting.thinking_tags(model) if think or prompting.always_thinks(model) else None
     try:
         return model.engine.grammars.compile(grammar, start_after=tags[1] if tags else None)
     except GrammarError as e:
@@ -93,8 +95,9 @@ def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParam
             grammar: str | None = None) -> Prepared:
     cancel.checkpoint()  # before compiling the grammar, the last long step
     fit_to_context(ids, params, window, model)
+    params.preserved_tokens = prompting.preserved_tokens(model)
     return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think),
-                    template=prompting.template_of(model))
+                    template=prompting.template_of(model), arch=prompting.architecture(model))
 
 
 def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:
@@ -363,6 +366,7 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
         raise e.as_openai("prompt", "" if truncate else OPENAI_PROMPT_HINT) from None
     prep = _finish(model, text, ids, params, window, grammar=response_format_grammar(req.response_format))
     prep.truncation = cut
+    prep.params.preserved_tokens = {}  # no reply parser here: structure tokens stay hidden, as with llama-server
     prep.logprobs, prep.n = completion_logprobs(req), openai_choices(req, model)
     prep.priority = request_priority(req.priority, param="priority")
     prep.progress = bool(req.return_progress)
@@ -374,13 +378,9 @@ def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:
     cancel.checkpoint()
     ctx = model.context_length
     limit = prompt_size.char_limit(model, ctx, len(text))
-    if limit is not None and len(text) > limit:
-        if not truncate:
-            raise APIError(400, "the input length exceeds the context length")
-        # only the first ctx tokens are kept, and they come from the first `limit` characters; the margin keeps
-        # the cut far from where the kept tokens end, so the kept ones tokenize as in the whole text
-        text = text[: 2 * limit]
-    ids = list(model.runner.tokenizer.encode(text, add_special=True, parse_special=True))
+    if limit is not None and len(text) > limit and not truncate:
+        raise APIError(400, "the input length exceeds the context length")
+    ids = _head_ids(model, text, ctx, limit if truncate else None)
     if len(ids) > ctx:
         if not truncate:
             raise APIError(400, "the input length exceeds the context length")
@@ -388,3 +388,23 @@ def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:
     if not ids:
         raise APIError(400, "cannot embed an input that tokenises to nothing")
     return ids
+
+
+def _head_ids(model: LoadedModel, text: str, ctx: int, limit: int | None) -> list[int]:
+    """The ids of `text`, or (`limit` given: truncating) of a start of it that holds its first `ctx` tokens twice
+    over, found by doubling a prefix: 5 MB of text then costs what a window's worth does, as on the generation
+    routes, which refuse it by `limit`. The margin keeps the cut far from where the kept tokens end, so they
+    tokenize as in the whole text; the first `limit` characters always hold them."""
+    def encode(t: str) -> list[int]:
+        return list(model.runner.tokenizer.encode(t, add_special=True, parse_special=True))
+
+    if limit is None:
+        return encode(text)
+    n = 8 * ctx  # characters: about two windows of ordinary text
+    while n < len(text) and n < 2 * limit:
+        ids = encode(text[:n])
+        if len(ids) >= 2 * ctx:
+            return ids
+        cancel.checkpoint()
+        n *= 2
+    return encode(text[: 2 * limit])

@@ -191,7 +191,7 @@ class ResponsesReply:
     calls), as one response object or its events."""
 
     def __init__(self, call: Any, model: LoadedModel, prep: Prepared) -> None:
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
         self.tokenizer = model.runner.tokenizer
         self.builder = ResponseBuilder(call.body)
 

@@ -484,7 +484,7 @@ class Engine:
             self._finish(seq, "stop")
             return
         seq.output_ids.append(tok)
-        text = st.detok.add(self.runner.tokenizer.token_bytes(tok))
+        text = st.detok.add(seq.params.preserved_tokens.get(tok) or self.runner.tokenizer.token_bytes(tok))
         if c is not None and not was_active:
             c.observe_text(text)
         lps = None if lp is None else [lp]

@@ -47,6 +47,9 @@ class SamplingParams:
     shift: bool = False  # the window full: drop its middle and go on (Ollama's `shift`), else stop with "length"
     # speculative decoding (Ollama's option): -1 = as many draft tokens as pay (adaptive), 0 = none, N = N per step
     draft_num_predict: int = -1
+    # Not an option: special tokens whose text is part of the output (id -> bytes), the markers of the model's
+    # reply format that the reply parser reads (harmony's <|channel|>); every other special token stays hidden.
+    preserved_tokens: dict[int, bytes] = field(default_factory=dict, metadata={"option": False})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -104,7 +107,8 @@ class SamplingParams:
             raise InvalidParams("option 'draft_model' cannot be set per request: name the draft model in the "
                                 "model's Modelfile (DRAFT NAME, or PARAMETER draft_model NAME)")
         merged: dict[str, Any] = {}
-        known = {f.name for f in fields(cls)} - {"shift"}  # a request field (Ollama's), not an option
+        # `shift` is a request field (Ollama's), `preserved_tokens` the reply format's: neither is an option
+        known = {f.name for f in fields(cls) if f.metadata.get("option", True)} - {"shift"}
         for layer in (defaults or {}, options or {}):
             if not isinstance(layer, dict):
                 raise InvalidParams(f"options must be an object, got {type(layer).__name__}")

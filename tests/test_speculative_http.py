@@ -39,17 +39,22 @@ def create(url: str, name: str, base: str, **params: object) -> httpx.Response:
 
 def test_default_daemon_drafts_and_reports_it(daemon: Daemon) -> None:
     events: list[dict] = []
-    done = threading.Event()
+    subscribed, done = threading.Event(), threading.Event()
 
     def follow() -> None:
+        """Every event up to the fourth request's `finished` (events reach readers in batches, after the replies)."""
         with httpx.stream("GET", daemon.url + "/api/events", timeout=None) as r:
             for line in r.iter_lines():
-                if line:
-                    events.append(json.loads(line))
-                if done.is_set():
+                if not line:
+                    continue
+                events.append(json.loads(line))
+                subscribed.set()
+                if sum(e.get("type") == "request" and e.get("event") == "finished" for e in events) == 4:
+                    done.set()
                     return
 
     threading.Thread(target=follow, daemon=True).start()
+    assert subscribed.wait(60)  # the hello: the hub publishes to this reader from now on
     client = ollama.Client(host=daemon.url, timeout=120)
     off = client.generate(model="echo", prompt="Say it again and again:", raw=True,
                           options={"temperature": 0, "num_predict": 48, "draft_num_predict": 0})
@@ -57,8 +62,8 @@ def test_default_daemon_drafts_and_reports_it(daemon: Daemon) -> None:
                          options={"temperature": 0, "num_predict": 48})
     streamed = list(client.generate(model="echo", prompt="Say it again and again:", raw=True, stream=True,
                                     options={"temperature": 0, "num_predict": 48}))
-    done.set()
-    client.generate(model="echo", prompt="x", raw=True, options={"num_predict": 1})  # one more event: ends follow
+    client.generate(model="echo", prompt="x", raw=True, options={"num_predict": 1, "draft_num_predict": 0})
+    assert done.wait(60)
     assert on.response == off.response == "".join(p.response for p in streamed)
     assert on.eval_count == off.eval_count == 48  # the tokens returned, not the drafts verified
     engine = daemon.ctx.manager.models["echo:latest"].engine

@@ -137,7 +137,7 @@ class Speculator:
         wants = []
         for c in cands:
             st = self._seqs[c.span.seq.seq_id]
-            c.k = min(c.k, blocks.max_new_tokens(c.span.seq) - 1)  # the blocks the drafts before took are gone
+            c.k = min(c.k, blocks.max_new_tokens(c.span.seq) - 1)
             if c.k <= 0:
                 st.idle += 1
                 continue
@@ -145,6 +145,12 @@ class Speculator:
             wants.append(c)
         drafts = self.drafter.draft([(c.span.seq, c.k) for c in wants]) if wants else []
         for c, toks in zip(wants, drafts):
+            # the blocks the drafts before took are gone: drafts past them are dropped (a draft model's KV of
+            # them is rolled back with the rejected ones after the step)
+            room = max(0, blocks.max_new_tokens(c.span.seq) - 1)
+            if toks and not room:
+                self.drafter.rejected(c.span.seq, c.span.seq.num_computed)  # verified nothing: it keeps nothing
+            toks = toks[:room]
             if toks:
                 blocks.allocate(c.span.seq, 1 + len(toks))
                 c.span.num_tokens = 1 + len(toks)

@@ -330,14 +330,14 @@ def test_context_shifts_while_drafting_change_nothing() -> None:
     assert spec.stats().kv_blocks_used == 0
 
 
-VOCABS = ["llama-spm", "llama-bpe", "qwen2", "phi-3", "gpt-2"]
+VOCABS = [("llama-spm", 8), ("llama-bpe", 64), ("qwen2", 8), ("phi-3", 64), ("gpt-2", 8)]  # (vocab, step budget)
 TEXT = ("The agreement renews every year. The agreement renews every year unless notice is given. Notice is given "
         "in writing, and the agreement ends thirty days later. ")
 
 
 @pytest.mark.skipif(not HAS["llamacpp"], reason="llama_cpp is not installed")
-@pytest.mark.parametrize("vocab", VOCABS)
-def test_every_vocabulary_chunked_concurrent_and_cached(fixtures_dir, synthetic_model, vocab: str) -> None:
+@pytest.mark.parametrize("vocab,budget", VOCABS)
+def test_every_vocabulary_chunked_concurrent_and_cached(fixtures_dir, synthetic_model, vocab: str, budget: int) -> None:
     """Prompt lookup over real tokenizers' ids (byte fallback, specials, 150k ids): several requests at once, small
     prompt chunks, a prefix hit; each answer equals the one-token-at-a-time answer."""
     path = synthetic_model("tiny", "llama", formats=("gguf",), tie_word_embeddings=True, qk_std=0.3,
@@ -347,13 +347,12 @@ def test_every_vocabulary_chunked_concurrent_and_cached(fixtures_dir, synthetic_
         tok = runner.tokenizer
         prompts = [tok.encode(TEXT * 2), tok.encode("Notice: " + TEXT), tok.encode(TEXT * 2 + "The agreement")]
         params = [SamplingParams(temperature=0, num_predict=24, draft_num_predict=d) for d in (4, -1, 7)]
-        for budget in (8, 64):
-            spec = Engine(runner, EngineConfig(max_num_batched_tokens=budget))
-            got = run(spec, prompts, params, on_step=lambda e: _audit(e, "llamacpp"))
-            again = run(spec, prompts[:1], params[:1])  # the first prompt again: a prefix hit
-            st = spec.stats()
-            want = run(Engine(runner, EngineConfig(max_num_batched_tokens=budget, speculative="off")), prompts, params)
-            assert [g[0] for g in got] == [w[0] for w in want] and again[0][0] == want[0][0]
-            assert st.accepted_tokens > 0 and st.cache_hit_tokens > 0 and st.kv_blocks_used == 0
+        spec = Engine(runner, EngineConfig(max_num_batched_tokens=budget))
+        got = run(spec, prompts, params, on_step=lambda e: _audit(e, "llamacpp"))
+        again = run(spec, prompts[:1], params[:1])  # the first prompt again: a prefix hit
+        st = spec.stats()
+        want = run(Engine(runner, EngineConfig(max_num_batched_tokens=budget, speculative="off")), prompts, params)
+        assert [g[0] for g in got] == [w[0] for w in want] and again[0][0] == want[0][0]
+        assert st.accepted_tokens > 0 and st.cache_hit_tokens > 0 and st.kv_blocks_used == 0
     finally:
         runner.close()

@@ -337,7 +337,8 @@ TEXT = ("The agreement renews every year. The agreement renews every year unless
 
 @pytest.mark.skipif(not HAS["llamacpp"], reason="llama_cpp is not installed")
 @pytest.mark.parametrize("vocab,budget", VOCABS)
-def test_every_vocabulary_chunked_concurrent_and_cached(fixtures_dir, synthetic_model, vocab: str, budget: int) -> None:
+def test_every_vocabulary_chunked_concurrent_and_cached(fixtures_dir, synthetic_model, vocab: str,
+                                                        budget: int) -> None:
     """Prompt lookup over real tokenizers' ids (byte fallback, specials, 150k ids): several requests at once, small
     prompt chunks, a prefix hit; each answer equals the one-token-at-a-time answer."""
     path = synthetic_model("tiny", "llama", formats=("gguf",), tie_word_embeddings=True, qk_std=0.3,

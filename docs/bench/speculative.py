@@ -171,7 +171,12 @@ def main() -> None:
     ap.add_argument("--stall-seconds", type=float, default=150)
     ap.add_argument("--skip-stall", action="store_true")
     ap.add_argument("--out", default=str(HERE / "speculative"))
+    ap.add_argument("--report-only", action="store_true", help="rewrite OUT.md from OUT.json, run nothing")
     a = ap.parse_args()
+    if a.report_only:
+        out = json.loads(Path(a.out + ".json").read_text())
+        Path(a.out + ".md").write_text(report(out, list(out["extraction_median"])))
+        return
     gguf = a.gguf or subprocess.run([sys.executable, str(TOOLS / "real_models.py"), a.model], check=True,
                                     capture_output=True, text=True).stdout.strip()
     doc = document(a.doc_chars)
@@ -232,15 +237,16 @@ def report(out: dict[str, Any], names: list[str]) -> str:
     off = "evenflow spec off"
     spin = f" GOMP_SPINCOUNT={m['gomp_spincount']} for every server." if m.get("gomp_spincount") is not None else ""
     lines = [f"# Speculative decoding: {m['model']}, {m['threads']} threads, {m['cpu']}", "",
-             f"{m['time']};{spin} a machine shared with other engineers' work (load average {m['loadavg_start'][0]:.1f} "
-             f"at the start, {m['loadavg_end'][0]:.1f} at the end): ratios within this run, not absolute speeds. "
+             f"{m['time']};{spin} a machine shared with other engineers' work (load average "
+             f"{m['loadavg_start'][0]:.1f} at the start, {m['loadavg_end'][0]:.1f} at the end): ratios within this run, "
+             "not absolute speeds. "
              f"Greedy unless said; {m['reps']} rounds, {m['max_tokens']} tokens at most; median decode tokens/s.", "",
              "| scenario | " + " | ".join(names) + f" | evenflow / {off} |", "|---" * (len(names) + 2) + "|"]
     rows = [("extraction, all prompts", out["extraction_median"])] + list(out["median_decode_tok_s"].items())
     for scenario, vals in rows:
         cells = [f"{vals[n]:.1f}" if vals.get(n) else "-" for n in names]
         ratio = vals["evenflow"] / vals[off] if vals.get("evenflow") and vals.get(off) else None
-        lines.append(f"| {scenario} | " + " | ".join(cells) + f" | {ratio:.2f}x |" if ratio else " | - |")
+        lines.append(f"| {scenario} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else " | - |"))
     lines += ["", "evenflow's own counters per kind of request (default daemon):", "",
               "| requests | draft tokens | accepted | acceptance | tokens per forward |", "|---|---|---|---|---|"]
     for k, v in out["speculation"].items():

@@ -159,6 +159,19 @@ def servers(gguf: str, names: list[str]) -> Iterator[dict[str, str]]:
         yield urls
 
 
+def run_stall_only(gguf: str, seconds: float, out: str, meta: dict[str, Any]) -> None:
+    """The stall scenario alone, speculation off first (the full run goes the other way round)."""
+    names = ["evenflow spec off", "evenflow"]
+    res: dict[str, Any] = {}
+    with servers(gguf, names) as urls:
+        for name in names:
+            raw = stall(urls[name], seconds, 7)
+            res[name] = {**stall_summary(raw), "raw": raw}
+            print(f"stall {name}: {({k: v for k, v in res[name].items() if k != 'raw'})}", flush=True)
+    meta["loadavg_end"] = os.getloadavg()
+    Path(out + "_stall.json").write_text(json.dumps({"meta": meta, "stall": res}, indent=1))
+
+
 def summarize(rows: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for scenario in sorted({r["scenario"] for r in rows}):
@@ -179,11 +192,17 @@ def main() -> None:
     ap.add_argument("--stall-seconds", type=float, default=150)
     ap.add_argument("--skip-stall", action="store_true")
     ap.add_argument("--out", default=str(HERE / "speculative"))
+    ap.add_argument("--stall-only", action="store_true",
+                    help="only the stall scenario (speculation off first), written to OUT_stall.json")
     ap.add_argument("--report-only", action="store_true", help="rewrite OUT.md from OUT.json, run nothing")
     a = ap.parse_args()
     if a.report_only:
         out = json.loads(Path(a.out + ".json").read_text())
         out["stall"] = {k: stall_summary(v) for k, v in out.get("stall_raw", {}).items()}
+        rerun = Path(a.out + "_stall.json")
+        if rerun.is_file():  # a --stall-only run, speculation off first: rows of its own
+            out["stall"].update({f"{k} (--stall-only, off first)": {kk: vv for kk, vv in v.items() if kk != "raw"}
+                                 for k, v in json.loads(rerun.read_text())["stall"].items()})
         Path(a.out + ".json").write_text(json.dumps(out, indent=1))
         Path(a.out + ".md").write_text(report(out, list(out["extraction_median"])))
         return
@@ -197,6 +216,9 @@ def main() -> None:
                             "max_tokens": a.max_tokens, "reps": a.reps, "loadavg_start": os.getloadavg(),
                             "time": time.strftime("%Y-%m-%d %H:%M"), "shared_machine": True,
                             "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
+    if a.stall_only:
+        run_stall_only(gguf, a.stall_seconds, a.out, meta)
+        return
     rows: list[dict[str, Any]] = []
     spec: dict[str, dict[str, float]] = {}
     with servers(gguf, names) as urls:

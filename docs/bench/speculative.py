@@ -278,6 +278,12 @@ def report(out: dict[str, Any], names: list[str]) -> str:
         cells = [f"{vals[n]:.1f}" if vals.get(n) else "-" for n in names]
         ratio = vals["evenflow"] / vals[off] if vals.get("evenflow") and vals.get(off) else None
         lines.append(f"| {scenario} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else " | - |"))
+    pairs = [(r, o) for r in out["rows"] for o in out["rows"] if r["server"] == "evenflow" and o["server"] == off
+             and r["scenario"] == o["scenario"] and r["rep"] == o["rep"] and "temperature" not in r["scenario"]]
+    same = sum(r["text"] == o["text"] for r, o in pairs)
+    lines += ["", f"Greedy answers equal to speculation off: {same} of {len(pairs)} (llama.cpp computes a verified "
+              "row with other kernels than a one-token decode: rounding, then a near tie can go the other way; "
+              "docs/api.md, *Speculative decoding*)."]
     lines += ["", "evenflow's own counters per kind of request (default daemon):", "",
               "| requests | draft tokens | accepted | acceptance | tokens per forward |", "|---|---|---|---|---|"]
     for k, v in out["speculation"].items():

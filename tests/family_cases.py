@@ -185,6 +185,31 @@ FAMILIES = {f.name: f for f in [
                            "[/AVAILABLE_TOOLS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")}),
     Family("deepseek-r1", "llama-cpp-deepseek-r1.jinja", QWEN2, "qwen2", "DeepSeek R1 / V3 / V3.1", _DEEPSEEK,
            _DEEPSEEK_IDS, add_bos=True),
+    # Gemma 4's interleaved template: a thought may open mid-reply, after text
+    Family("gemma4-interleaved", "google-gemma-4-31B-it-interleaved.jinja", GPT2, "gemma4", "Gemma 4",
+           {t: C for t in ("<bos>", "<eos>", "<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>",
+                           "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>', "<|channel>",
+                           "<channel|>", "<|think|>")},
+           {"bos": "<bos>", "eos": "<eos>", "eot": "<turn|>"}, call_end="<|tool_response>"),
+    # four more families the parsers know (not in issue 36's list)
+    Family("granite3", "ibm-granite-granite-3.3-2B-Instruct.jinja", GPT2, "granite", "Granite 3",
+           {t: C for t in ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>")},
+           {"eos": "<|end_of_text|>"}),
+    Family("command-r7b", "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", GPT2, "cohere2", "Command R7B / A",
+           {t: C for t in ("<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|USER_TOKEN|>",
+                           "<|SYSTEM_TOKEN|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>",
+                           "<|END_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TOOL_RESULT|>",
+                           "<|END_TOOL_RESULT|>")}, {"eos": "<|END_OF_TURN_TOKEN|>"}),
+    Family("minimax-m1", "MiniMax-M1.jinja", GPT2, "minimax", "MiniMax M1",
+           {"<beginning_of_sentence>": C, "<end_of_sentence>": C}, {"eos": "<end_of_sentence>"},
+           capabilities=("tools",)),
+    # Hy3's template closes thinking in every prompt it renders here (its reasoning switch is not `think`)
+    Family("hunyuan3", "tencent-Hy3.jinja", GPT2, "hunyuan-moe", "Hunyuan 3",
+           {t.replace("{}", ":opensource"): C for t in (
+               "<｜hy_begin_of_sentence{}｜>", "<｜hy_User{}｜>", "<｜hy_Assistant{}｜>", "<｜hy_eos{}｜>",
+               "<think{}>", "</think{}>", "<tool_calls{}>", "</tool_calls{}>", "<tool_call{}>", "</tool_call{}>",
+               "<tool_sep{}>", "<arg_key{}>", "</arg_key{}>", "<arg_value{}>", "</arg_value{}>")},
+           {"eos": "<｜hy_eos:opensource｜>"}, capabilities=("tools",)),
     # a family nobody parses (Solar Open's markup, spelled in text here): its replies come back as content
     Family("solar-open", "upstage-Solar-Open-100B.jinja", GPT2, "solar_open", None, {"<|endoftext|>": C},
            {"eos": "<|endoftext|>"}, capabilities=("tools",)),
@@ -227,6 +252,11 @@ CASES = [
          calls=TWO[1:], tools=True),
     *_answers("gpt-oss", "A greeting.", "<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant"
               "<|channel|>final<|message|>{text}"),
+    # several messages: thinking, a comment, more thinking, then the call (thinking joined, content kept)
+    Case("gpt-oss", "messages", "<|channel|>analysis<|message|>Two steps.<|end|><|start|>assistant<|channel|>"
+         "commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>analysis<|message|> Then Tokyo.<|end|>"
+         f"<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{_J_TOKYO}",
+         thinking="Two steps. Then Tokyo.", content="Checking.", calls=TWO[1:], tools=True),
     Case("gpt-oss", "think-high", "<|channel|>analysis<|message|>Think hard.<|end|><|start|>assistant<|channel|>"
          "final<|message|>Done.", thinking="Think hard.", content="Done.", tools=True, think="high"),
     Case("gpt-oss", "tool-result", "<|channel|>analysis<|message|>It is warm.<|end|><|start|>assistant<|channel|>"
@@ -331,6 +361,26 @@ CASES = [
          f"<｜tool▁sep｜>get_time\n```json\n{_J_TOKYO}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
          thinking="Both cities.", calls=TWO, tools=True),
     *_answers("deepseek-r1", "Simple.", "{thought}\n</think>\n\n{text}"),
+    # --- Gemma 4 interleaved: after a tool result, text, then a thought, then more text
+    Case("gemma4-interleaved", "thought-mid-reply", "Sunny, 22C. <|channel>thought\nNow a summary.<channel|>Enjoy!",
+         thinking="Now a summary.", content="Sunny, 22C.Enjoy!", tools=True, after=_TOOL_TURN),
+    # --- Granite 3, Command R7B, MiniMax M1, Hunyuan 3
+    Case("granite3", "call", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]', calls=PARIS,
+         tools=True),
+    *_answers("granite3", "Simple.", "<think>{thought}</think><response>{text}</response>"),
+    Case("command-r7b", "think-calls", "<|START_THINKING|>Both cities.<|END_THINKING|><|START_ACTION|>[\n"
+         '    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}},\n'
+         '    {"tool_call_id": "1", "tool_name": "get_time", "parameters": {"city": "東京", "utc": true}}\n'
+         "]<|END_ACTION|>", thinking="Both cities.", calls=TWO, tools=True),
+    *_answers("command-r7b", "Simple.", "<|START_THINKING|>{thought}<|END_THINKING|><|START_RESPONSE|>{text}"
+              "<|END_RESPONSE|>", off="<|START_RESPONSE|>{text}<|END_RESPONSE|>"),
+    Case("minimax-m1", "calls", '<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+         '{"name": "get_time", "arguments": {"city": "東京", "utc": true}}\n</tool_calls>', calls=TWO, tools=True),
+    *_answers("minimax-m1", None, "{text}"),
+    Case("hunyuan3", "call", "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
+         "<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Paris</arg_value:opensource>\n"
+         "</tool_call:opensource>\n</tool_calls:opensource>", calls=PARIS, tools=True),
+    *_answers("hunyuan3", None, "{text}"),
     # --- an unknown format: the text as it came, as content (and one log line naming the template)
     Case("solar-open", "unknown", "<|think|>Weather.<|end|><|begin|>assistant<|tool_calls|><|tool_call:begin|>c1"
          '<|tool_call:name|>get_weather<|tool_call:args|>{"city": "Paris"}<|tool_call:end|><|calls|>',

@@ -19,7 +19,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 from api_drivers import APIS, FINISH, Answer, Ask, ask  # noqa: E402
 from api_harness import Daemon, add_model, start_daemon  # noqa: E402
-from family_cases import CASES, FAMILIES, TOOLS, Case, Family, scripted_spec  # noqa: E402
+from family_cases import CASES, FAMILIES, TOOLS, Case, Family, scripted_spec, template_text  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +88,13 @@ def test_family_output_parses_on_every_api(daemon: tuple[Daemon, dict[str, str]]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
-def test_family_capabilities(daemon: tuple[Daemon, dict[str, str]], family: Family) -> None:
-    """/api/show: what the template enables, and the family the model stands in for."""
+def test_family_capabilities(daemon: tuple[Daemon, dict[str, str]], family: Family, fixtures_dir: Path) -> None:
+    """The reply format the template and architecture pick; /api/show: what the template enables, and the family
+    the model stands in for."""
+    from evenflow.daemon.prompt import formats
+
+    fmt = formats.detect(template_text(fixtures_dir, family), family.architecture)
+    assert (fmt.family if fmt else None) == family.format
     d, model_of = daemon
     model = next(model_of[c.id] for c in CASES if c.family == family.name)
     r = httpx.post(d.url + "/api/show", json={"model": model}, timeout=60)

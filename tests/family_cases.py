@@ -282,6 +282,10 @@ CASES = [
          "<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>\n<tool_call>get_time\n<arg_key>city"
          "</arg_key>\n<arg_value>東京</arg_value>\n<arg_key>utc</arg_key>\n<arg_value>true</arg_value>\n</tool_call>",
          thinking="Both cities.", content="I'll check.", calls=TWO, tools=True),
+    # values are text: the tool's schema types them ("42" stays a string for a string parameter)
+    Case("glm-4.6", "typed-args", "<think>Typed.</think>\n<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>42"
+         "</arg_value>\n<arg_key>utc</arg_key>\n<arg_value>false</arg_value>\n</tool_call>", thinking="Typed.",
+         calls=(("get_time", {"city": "42", "utc": False}),), tools=True),
     *_answers("glm-4.6", "Simple.", "<think>{thought}</think>\n{text}", off="\n{text}"),
     # --- Kimi K2 (Instruct: no thinking)
     Case("kimi-k2", "text-calls", "Checking both.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"

@@ -186,8 +186,7 @@ def responses(url: str, q: Ask) -> Answer:
     effort = openai.NOT_GIVEN if q.think is None else {"effort": _effort(q.think)}
     text = {"format": {"type": "json_schema", "name": "answer", "schema": q.schema}} if q.schema else openai.NOT_GIVEN
     kw: dict[str, Any] = dict(model=q.model, input=_responses_input(q.messages), tools=tools or openai.NOT_GIVEN,
-                              reasoning=effort,
-                              temperature=0, max_output_tokens=q.max_tokens, text=text)
+                              reasoning=effort, temperature=0, max_output_tokens=q.max_tokens, text=text)
     a = Answer()
     if not q.stream:
         r = c.responses.create(**kw)
@@ -222,8 +221,8 @@ def anthropic_messages(url: str, q: Ask) -> Answer:
     output = {"format": {"type": "json_schema", "schema": q.schema}} if q.schema else anthropic.NOT_GIVEN
     # the client no longer types sampling fields; the API still takes them
     kw: dict[str, Any] = dict(model=q.model, messages=_anthropic_messages(q.messages),
-                              tools=tools or anthropic.NOT_GIVEN, thinking=thinking, max_tokens=q.max_tokens, output_config=output,
-                              extra_body={"temperature": 0})
+                              tools=tools or anthropic.NOT_GIVEN, thinking=thinking, max_tokens=q.max_tokens,
+                              output_config=output, extra_body={"temperature": 0})
     a = Answer()
     if not q.stream:
         m = c.messages.create(**kw)

@@ -235,8 +235,8 @@ GREETING = {"type": "object", "properties": {"greeting": {"type": "string"}}, "r
 def _answers(family: str, thought: str | None, answer: str, off: str | None = None) -> list[Case]:
     """A plain answer (thinking first where the family thinks by default), and where the family can stop
     thinking, the answer with think false (`off`: what the model writes then)."""
-    out = [Case(family, "answer", answer.format(thought=thought, text=f"The answer is 4. {TEXT}"), thinking=thought or "",
-                content=f"The answer is 4. {TEXT}")]
+    out = [Case(family, "answer", answer.format(thought=thought, text=f"The answer is 4. {TEXT}"),
+                thinking=thought or "", content=f"The answer is 4. {TEXT}")]
     if off is not None:
         out.append(Case(family, "think-off", off.format(text=f"Straight: {TEXT}"), content=f"Straight: {TEXT}",
                         think=False))

@@ -74,7 +74,8 @@ def test_family_output_parses_on_every_api(daemon: tuple[Daemon, dict[str, str]]
     runs = [(api, stream) for api in APIS for stream in (False, True)
             if not (api == "ollama_generate" and (case.tools or case.after))]
     # all at once: the engine batches them, and every API's reply path runs beside the others
-    with caplog.at_level(logging.WARNING, logger="evenflow.daemon.prompt.formats"), ThreadPoolExecutor(len(runs)) as pool:
+    with (caplog.at_level(logging.WARNING, logger="evenflow.daemon.prompt.formats"),
+          ThreadPoolExecutor(len(runs)) as pool):
         answers = list(pool.map(lambda r: _ask(r[0], d.url, replace(q, stream=r[1])), runs))
     wrong = {f"{api}{' streamed' if stream else ''}": _seen(a) for (api, stream), a in zip(runs, answers)
              if _seen(a) != _expected(case, api)}

@@ -91,6 +91,9 @@ class OracleDrafter:
     def __init__(self) -> None:
         self.expected: dict[int, list[int]] = {}
 
+    def follow(self, plan: Any) -> None:
+        pass
+
     def offer(self, seq: Any, cap: int) -> tuple[int, int]:
         left = self.expected.get(seq.seq_id, [])[len(seq.output_ids):]
         return min(cap, len(left)), 4

@@ -61,7 +61,8 @@ def test_copying_from_a_document_keeps_drafts_and_the_answer(runner) -> None:
     params = SamplingParams(temperature=0, num_predict=30, draft_num_predict=6)
     want, _, _ = generate(runner, params, "off")
     got, drafted, accepted = generate(runner, params, "ngram")
-    copied = runner.tokenizer.encode(" the hosting, storage and backup services listed in Schedule A", add_special=False)
+    copied = runner.tokenizer.encode(" the hosting, storage and backup services listed in Schedule A",
+                                     add_special=False)
     assert got[:len(copied)] == want[:len(copied)]
     assert accepted > 0 and drafted >= accepted
     if "gemma" in runner.path:  # Gemma 3 copies the definition verbatim: most drafts from the document are kept

@@ -55,7 +55,8 @@ EXTRACT = [  # (name, question appended to the document); the answer starts wher
                            '\nAnswer: "Legal Entity" shall mean'),
     ("list the headings", "\n\nThe numbered sections of the License above, with their titles:\n1."),
     ("copy a clause", "\n\nCopy section 2 (Grant of Copyright License) word for word:\n2. Grant of Copyright License."),
-    ("copy a definition", '\n\nCopy the definition of "Derivative Works" exactly as written:\n"Derivative Works" shall'),
+    ("copy a definition", '\n\nCopy the definition of "Derivative Works" exactly as written:'
+                          '\n"Derivative Works" shall'),
 ]
 STORY = "Once upon a time, in a small village by the sea, there lived a lighthouse keeper named"
 
@@ -177,7 +178,8 @@ def summarize(rows: list[dict[str, Any]], names: list[str]) -> dict[str, dict[st
     for scenario in sorted({r["scenario"] for r in rows}):
         out[scenario] = {}
         for n in names:
-            v = [r["decode_tok_s"] for r in rows if r["scenario"] == scenario and r["server"] == n and r["decode_tok_s"]]
+            v = [r["decode_tok_s"] for r in rows
+                 if r["scenario"] == scenario and r["server"] == n and r["decode_tok_s"]]
             out[scenario][n] = statistics.median(v) if v else None
     return out
 
@@ -269,8 +271,8 @@ def report(out: dict[str, Any], names: list[str]) -> str:
     spin = f" GOMP_SPINCOUNT={m['gomp_spincount']} for every server." if m.get("gomp_spincount") is not None else ""
     lines = [f"# Speculative decoding: {m['model']}, {m['threads']} threads, {m['cpu']}", "",
              f"{m['time']};{spin} a machine shared with other engineers' work (load average "
-             f"{m['loadavg_start'][0]:.1f} at the start, {m['loadavg_end'][0]:.1f} at the end): ratios within this run, "
-             "not absolute speeds. "
+             f"{m['loadavg_start'][0]:.1f} at the start, {m['loadavg_end'][0]:.1f} at the end): ratios within this "
+             "run, not absolute speeds. "
              f"Greedy unless said; {m['reps']} rounds, {m['max_tokens']} tokens at most; median decode tokens/s.", "",
              "| scenario | " + " | ".join(names) + f" | evenflow / {off} |", "|---" * (len(names) + 2) + "|"]
     rows = [("extraction, all prompts", out["extraction_median"])] + list(out["median_decode_tok_s"].items())

@@ -216,6 +216,12 @@ class Runner(abc.ABC):
     vision: "VisionEncoder | None" = None  # images in: set at load when the model has a projector (llama.cpp)
     vision_error: str | None = None  # why a model with a projector cannot take images here (e.g. no libmtmd)
 
+    @property
+    def max_seq_tokens(self) -> int:
+        """The most tokens one sequence can hold in this runner's KV: the whole pool where the KV is the engine's
+        paged blocks (torch, MLX); a backend that gives each sequence a fixed share of it says so (llama.cpp)."""
+        return self.num_kv_blocks * self.block_size
+
     @abc.abstractmethod
     def step(self, batch: Batch) -> np.ndarray:
         """One forward pass; float32 logits [len(batch.logits_rows), vocab_size] in span order."""

@@ -18,7 +18,7 @@ from .anthropic_reply import ANTHROPIC_SSE, AnthropicReply
 from .anthropic_request import (Conversation, CountTokensRequest, MessagesRequest, check_sampling, conversation)
 from .errors import APIError, parse_body
 from .generation import Generate
-from .options import check_num_ctx, sampling_params
+from .options import sampling_params
 from .plan import Plan
 from .prepare import Prepared
 
@@ -36,18 +36,18 @@ def plan(req: MessagesRequest) -> Plan:
     return Plan(bool(req.stream), args=(conversation(req),))
 
 
-def _render(model: LoadedModel, conv: Conversation) -> tuple[str, list[int], bool | str | None, int, list | None]:
-    """The chat prompt as /api/chat renders it: (text, ids, think, window, image spans)."""
+def _render(model: LoadedModel, conv: Conversation,
+            window: int) -> tuple[str, list[int], bool | str | None, list | None]:
+    """The chat prompt as /api/chat renders it for a `window`-token context: (text, ids, think, image spans)."""
     think = conv.think
     if think is None and conv.effort and prompting.thinking_tags(model):
         think = conv.effort  # output_config.effort: a level for a model that thinks, nothing for one that does not
     think = prompting.resolve_think(model, think)
-    window = check_num_ctx(model, None)
     given = [m.get("images") or [] for m in conv.messages]
     messages = [{k: v for k, v in m.items() if k != "images"} for m in conv.messages]
     messages, images = prepare._message_images(model, model.name, messages, given)
     text, ids, embeds = prepare._chat_prompt(model, messages, conv.tools, think, window, images)
-    return text, ids, think, window, embeds
+    return text, ids, think, embeds
 
 
 def tool_grammar(model: LoadedModel, tools: list[dict[str, Any]]) -> str:
@@ -73,9 +73,9 @@ def params(model: LoadedModel, req: MessagesRequest) -> SamplingParams:
                            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
 
 
-def prepare_messages(model: LoadedModel, req: MessagesRequest, conv: Conversation) -> Prepared:
+def prepare_messages(model: LoadedModel, req: MessagesRequest, window: int, conv: Conversation) -> Prepared:
     """/v1/messages: the conversation rendered as /api/chat would, its sampling, a forced tool call's grammar."""
-    text, ids, think, window, embeds = _render(model, conv)
+    text, ids, think, embeds = _render(model, conv, window)
     grammar = tool_grammar(model, conv.forced) if conv.forced else prepare.check_format(conv.schema)
     prep = prepare._finish(model, text, ids, params(model, req), window, think, conv.tools, grammar)
     prep.embeds = embeds
@@ -92,8 +92,8 @@ async def messages(request: Request) -> Response:
     return await generation.generate(request, MESSAGES, req, t0)
 
 
-def _count(model: LoadedModel, conv: Conversation) -> int:
-    return len(_render(model, conv)[1])
+def _count(model: LoadedModel, conv: Conversation, window: int) -> int:
+    return len(_render(model, conv, window)[1])
 
 
 @router.post("/messages/count_tokens")
@@ -109,7 +109,7 @@ async def count_tokens(request: Request) -> JSONResponse:
     ctx = request.app.state.ctx
     lease = await ctx.manager.acquire(req.model)
     try:
-        n = await ctx.workers.run(request, _count, lease.model, conv)
+        n = await ctx.workers.run(request, _count, lease.model, conv, lease.num_ctx)
     finally:
         lease.release()
     return JSONResponse({"input_tokens": n})

@@ -71,7 +71,8 @@ async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint
                                                   else -1) for i in range(1, prep.n)]
     try:
         streams = engine.submit_group(prep.prompt_ids, params, user=user, constraint=prep.constraint,
-                                      logprobs=prep.logprobs, priority=prep.priority, embeds=prep.embeds)
+                                      logprobs=prep.logprobs, priority=prep.priority, embeds=prep.embeds,
+                                      context_length=prep.window)
     except PromptTooLong as e:
         raise APIError(400, str(e)) from None
     except QueueFull:

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Iterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..manager import vram_size
+from ..manager import kv_pool, vram_size
 from . import remote
 from .errors import APIError, parse_body
 from .schemas import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
@@ -125,7 +125,8 @@ async def ps(request: Request) -> JSONResponse:
         details["parent_model"] = ""
         out.append({"name": m.name, "model": m.name, "size": m.size, "digest": m.record.digest,
                     "details": details, "expires_at": rfc3339(m.expires_at), "size_vram": vram_size(m),
-                    "context_length": m.context_length})
+                    # the window it loaded for; a request's num_ctx up to kv_pool.max_context needs no reload
+                    "context_length": min(m.context_length, m.max_context), "kv_pool": kv_pool(m)})
     out += await remote.ps_rows(request)
     body: dict[str, Any] = {"models": out}
     if ctx.manager.kv_disk is not None:  # evenflow's own: the disk KV cache (Ollama's clients ignore the key)

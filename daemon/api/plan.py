@@ -20,8 +20,8 @@ class Plan:
 
     stream: bool
     keep_alive: float | None = None
-    num_ctx: int | None = None
-    args: tuple[Any, ...] = ()  # the prepare step's arguments after the model and the request
+    num_ctx: int | None = None  # the request's own window (Ollama's option); None: the model's default
+    args: tuple[Any, ...] = ()  # the prepare step's arguments after the model, the request and the window
     load_only: bool = False  # Ollama's empty prompt or messages: load the model (unload it with keep_alive 0)
 
 
@@ -45,7 +45,7 @@ def generate(req: GenerateRequest) -> Plan:
     if req.images and len(req.images) > MAX_IMAGES:
         raise APIError(400, f"too many images: at most {MAX_IMAGES} per request")
     keep_alive, num_ctx = parse_keep_alive(req.keep_alive), requested_num_ctx(req.options)
-    return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.prompt and not req.suffix)
+    return Plan(req.stream is not False, keep_alive, num_ctx, load_only=not req.prompt and not req.suffix)
 
 
 def chat(req: ChatRequest) -> Plan:
@@ -53,7 +53,7 @@ def chat(req: ChatRequest) -> Plan:
     keep_alive, num_ctx = parse_keep_alive(req.keep_alive), requested_num_ctx(req.options)
     if req.messages and sum(len(m.images or ()) for m in req.messages) > MAX_IMAGES:
         raise APIError(400, f"too many images: at most {MAX_IMAGES} per request")
-    return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.messages)
+    return Plan(req.stream is not False, keep_alive, num_ctx, load_only=not req.messages)
 
 
 def embed_inputs(req: EmbedRequest) -> list[str]:

@@ -16,8 +16,7 @@ from ...backends.base import EmbedSpan
 from . import images as image_input
 from . import prompt_size, prompting
 from .errors import APIError
-from .options import (check_num_ctx, fit_to_context, ollama_logprobs, options_priority, request_priority,
-                      sampling_params)
+from .options import fit_to_context, ollama_logprobs, options_priority, request_priority, sampling_params
 from .schemas import ChatCompletionRequest, ChatRequest, CompletionRequest, GenerateRequest
 
 
@@ -87,10 +86,10 @@ def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParam
                     template=prompting.template_of(model))
 
 
-def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:
-    """/api/generate: the request's template (or the model's), raw mode, `context` ids prepended."""
+def generate(model: LoadedModel, req: GenerateRequest, window: int) -> Prepared:
+    """/api/generate: the request's template (or the model's), raw mode, `context` ids prepended. `window`: the
+    request's context length (its num_ctx or the model's default, as the model manager settled it)."""
     grammar = check_format(req.format)
-    window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     prompt = req.prompt or ""
     images: list[bytes] = []
@@ -156,10 +155,9 @@ def _chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list
     return (text, *_ids(model, text, add_special, list(images)))
 
 
-def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
+def chat(model: LoadedModel, req: ChatRequest, window: int) -> Prepared:
     """/api/chat: the model's chat template over the request's messages and tools."""
     grammar = check_format(req.format)
-    window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     tools = req.tools or None
     msgs, images = _message_images(model, req.model, [m.as_template_dict() for m in req.messages or []],
@@ -221,13 +219,12 @@ def completion_logprobs(req: CompletionRequest) -> int | None:
     return v
 
 
-def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: list[dict[str, Any]],
+def chat_completion(model: LoadedModel, req: ChatCompletionRequest, window: int, messages: list[dict[str, Any]],
                     think: bool | str | None) -> Prepared:
     """/v1/chat/completions: `messages` already converted to the template's shape, `think` from reasoning_effort."""
     grammar = response_format_grammar(req.response_format)
     think = prompting.resolve_think(model, think)
     tools = req.tools or None
-    window = check_num_ctx(model, None)
     given = [m.get("images") or [] for m in messages]
     messages = [{k: v for k, v in m.items() if k != "images"} for m in messages]
     messages, images = _message_images(model, req.model, messages, given)
@@ -239,9 +236,8 @@ def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: li
     return prep
 
 
-def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
+def completion(model: LoadedModel, req: CompletionRequest, window: int) -> Prepared:
     """/v1/completions: the prompt as written (Ollama sends it raw), or the template when there is a suffix."""
-    window = check_num_ctx(model, None)
     limit = prompt_size.char_limit(model, window, len(req.prompt) + len(req.suffix or ""))
     if req.suffix:
         text, add = prompting.render_generate(model, req.prompt, system=None, suffix=req.suffix, template=None,
@@ -257,10 +253,10 @@ def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
     return prep
 
 
-def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:
+def embed_input(model: LoadedModel, text: str, truncate: bool, window: int) -> list[int]:
     """One embedding input's ids, cut to the window when `truncate`; 400 otherwise or when nothing is left."""
     cancel.checkpoint()
-    ctx = model.context_length
+    ctx = min(window, model.context_length)  # the runner's embedding context is the window it loaded with
     limit = prompt_size.char_limit(model, ctx, len(text))
     if limit is not None and len(text) > limit:
         if not truncate:

@@ -53,6 +53,7 @@ class EngineStats:
     cache_hit_tokens: int = 0  # tokens served from the prefix cache at admission, since load
     cache_query_tokens: int = 0  # tokens looked up at admission, since load
     prefix_fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve (recomputed), since load
+    kv_blocks_cached_free: int = 0  # blocks nobody holds that keep a cached prefix (evicted before anyone waits)
 
     @property
     def cache_hit_rate(self) -> float:

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from evenflow.daemon.engine.budget import AdaptiveBudget, FixedBudget, StepCost
 from evenflow.daemon.engine.kv import BlockManager
 from evenflow.daemon.engine.params import SamplingParams
-from evenflow.daemon.engine.scheduler import (AGING_STEPS, FIRST_STEP_STRETCH, WAIT_PREFILL, WAIT_SLOT, Scheduler,
-                                              SchedulerConfig)
+from evenflow.daemon.engine.scheduler import AGING_STEPS, WAIT_PREFILL, WAIT_SLOT, Scheduler, SchedulerConfig
 from evenflow.daemon.engine.sequence import Sequence, Status
 
 _tok = itertools.count(1000)
@@ -199,10 +198,10 @@ def starved_cost(plan) -> float:
 
 
 def test_a_question_runs_whole_in_its_first_step_when_the_budget_is_starved():
-    """Deep into a document the budget gives it only its floor per step; a one-line question arriving then runs
-    whole in its first step (a step of at most FIRST_STEP_STRETCH x the target), even behind a document the aging
-    puts first, while a long prompt arriving then gets the usual chunk."""
-    policy = AdaptiveBudget(150, max_tokens=512, tile=1, floor=4)
+    """Deep into a document the budget gives it only its floor per step (4 decodes already take the target); a
+    one-line question arriving then runs whole in its first step, even behind a document the aging puts first,
+    while a long prompt arriving then gets the floor like the document."""
+    policy = AdaptiveBudget(150, max_tokens=512, tile=1, floor=4, short_prompt=32)
     sim = Sim(policy=policy)
 
     def step():
@@ -225,9 +224,10 @@ def test_a_question_runs_whole_in_its_first_step_when_the_budget_is_starved():
         plan = step()
         assert sim.chunks(plan, question) == 20 and sim.first_token[question.seq_id] == sim.steps - 1
         assert sim.chunks(plan, doc) == (4 if aged else 0)
-        assert starved_cost(plan) <= FIRST_STEP_STRETCH * 0.150
         while not question.is_finished:
             step()
     long_prompt = sim.add(400)
     plan = step()
-    assert sim.chunks(plan, long_prompt) == 4  # no stretch for what one step cannot finish: the floor, as the doc
+    assert sim.chunks(plan, long_prompt) == 4  # no more than the floor for what one step cannot finish
+    just_over = sim.add(33)  # one token more than a short prompt
+    assert sim.chunks(step(), just_over) == 4

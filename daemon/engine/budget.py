@@ -31,12 +31,13 @@ class StepCost:
 class BudgetPolicy(Protocol):
     floor: int  # the smallest chunk worth a step (ingestion always progresses by at least this)
     max_tokens: int  # no step carries more tokens than this, decodes included
+    short_prompt: int  # a new request with at most this many prompt tokens to compute runs whole in its first step
 
     def prefill_budget(self, num_decodes: int, work: int, prefill_start: int = 0, quad: float = 0.5,
-                       planned: int = 0, spans: int = 0, stretch: float = 1.0) -> int:
+                       planned: int = 0, spans: int = 0) -> int:
         """Tokens one more prompt chunk may take in a step that already holds `num_decodes` decodes and `planned`
         prompt tokens in `spans` chunks, attending `work` (query, key) pairs; the new chunk of P tokens attends
-        P*prefill_start + quad*P*(P+1) more. `stretch`: the step may take that many times the usual aim."""
+        P*prefill_start + quad*P*(P+1) more."""
         ...
 
     def observe(self, cost: StepCost) -> None:
@@ -47,12 +48,13 @@ class FixedBudget:
     """A fixed token budget per step shared by decodes and prompt chunks."""
 
     floor = 1
+    short_prompt = 0  # the budget is fixed: a prompt gets what it leaves
 
     def __init__(self, max_num_batched_tokens: int) -> None:
         self.max_tokens = max_num_batched_tokens
 
     def prefill_budget(self, num_decodes: int, work: int, prefill_start: int = 0, quad: float = 0.5,
-                       planned: int = 0, spans: int = 0, stretch: float = 1.0) -> int:
+                       planned: int = 0, spans: int = 0) -> int:
         return max(0, self.max_tokens - num_decodes - planned)
 
     def observe(self, cost: StepCost) -> None:
@@ -90,12 +92,13 @@ class AdaptiveBudget:
     """
 
     def __init__(self, target_ms: float, max_tokens: int, tile: int = 16, floor: int = 16, window: int = 96,
-                 margin: float = 0.97) -> None:
+                 margin: float = 0.97, short_prompt: int = 0) -> None:
         if target_ms <= 0:
             raise ValueError(f"target_ms must be > 0, got {target_ms}")
         self.target = target_ms / 1e3
         self.max_tokens = max_tokens
         self.floor = max(1, min(floor, max_tokens))
+        self.short_prompt = max(0, min(short_prompt, max_tokens))
         self.margin = margin
         self.tile = max(1, tile)
         self._rows: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
@@ -109,7 +112,7 @@ class AdaptiveBudget:
         self._stale = False  # the window lost the variety of chunk sizes a fit needs
 
     def prefill_budget(self, num_decodes: int, work: int, prefill_start: int = 0, quad: float = 0.5,
-                       planned: int = 0, spans: int = 0, stretch: float = 1.0) -> int:
+                       planned: int = 0, spans: int = 0) -> int:
         room = self.max_tokens - num_decodes - planned
         if room <= 0:
             return 0
@@ -117,18 +120,17 @@ class AdaptiveBudget:
             return room
         # The floor keeps the first chunk of a step moving; a further chunk takes only what the target leaves.
         floor = min(self.floor, room) if not spans else 0
-        aim = self.margin * self.target * stretch
         if self._stale and self._last_mix is not None:
             # Probe from the last mixed step: a step's cost grows at most in proportion to its tokens (the fixed
             # part does not grow), so scaling its measured time gives a chunk that cannot overshoot the aim.
             d0, p0, t0 = self._last_mix
-            chunk = aim / max(t0, 1e-9) * (d0 + p0) - num_decodes - planned
+            chunk = self.margin * self.target / max(t0, 1e-9) * (d0 + p0) - num_decodes - planned
             chunk = int(min(chunk, room)) // self.tile * self.tile
             return max(floor, min(chunk, room))
         if self.coef is None:
-            return max(floor, min(int(self._probe * stretch) - planned, room))
+            return max(floor, min(self._probe - planned, room))
         a, b, e, g, c, d = self.coef
-        slack = aim - self.noise - (a + b * num_decodes + e + g * spans + c * planned + d * work)
+        slack = self.margin * self.target - self.noise - (a + b * num_decodes + e + g * spans + c * planned + d * work)
         lin = c + d * (prefill_start + quad)  # cost per chunk token, plus quad*d per token squared
         q = quad * d
         if spans:
@@ -140,13 +142,11 @@ class AdaptiveBudget:
         else:
             chunk = slack / lin if lin > 0 else room
         # Trust region: never extrapolate far beyond the step sizes the fit has actually measured, and when
-        # the number of decodes differs from the last mixed step's, take half a step to validate the fit first. A
-        # stretched step is one the caller chose to let run long: the stretch is its margin.
-        if stretch == 1.0:
-            measured = max((r[4] for r in self._rows if r[1] > 0), default=0)
-            chunk = min(chunk, max(self.floor, 1.5 * measured) - planned)
-            if num_decodes != self._last_mix_decodes:
-                chunk /= 2
+        # the number of decodes differs from the last mixed step's, take half a step to validate the fit first.
+        measured = max((r[4] for r in self._rows if r[1] > 0), default=0)
+        chunk = min(chunk, max(self.floor, 1.5 * measured) - planned)
+        if num_decodes != self._last_mix_decodes:
+            chunk /= 2
         chunk = int(max(min(chunk, room), 0)) // self.tile * self.tile
         return max(floor, min(chunk, room))
 

@@ -7,8 +7,9 @@ Who gets the prompt budget (running partial prefills and queued requests alike, 
 then the least prompt left to compute (shortest remaining prefill first: a user's next question overtakes a
 document being ingested), then arrival. Aging bounds the wait: a prompt passed over `AGING_STEPS` steps in a row goes
 first (the oldest of such first; background priorities wait longer), and a request's first step always brings it a
-chunk of at least the budget's floor, or its whole prompt when one step of up to `FIRST_STEP_STRETCH` times the
-target can take it (a one-line question's first token comes one step after it arrives). A queued request that outranks a running prefill by far takes its slot when none is free;
+chunk of at least the budget's floor, or its whole prompt when that is short (the policy's `short_prompt`): a user's
+next question gets its first token one step after it arrives, whatever the budget leaves and whatever goes first.
+A queued request that outranks a running prefill by far takes its slot when none is free;
 the prefill's computed blocks stay in the prefix cache, so it resumes where it stopped when a slot frees.
 """
 from __future__ import annotations
@@ -30,11 +31,6 @@ MIN_CACHED_TOKENS = 1024
 
 # A prompt passed over this many steps in a row goes first for a step (x2 per background priority level, up to x16).
 AGING_STEPS = 2
-# A new request that one step can finish at up to this many times the latency target runs whole in its first step:
-# a user's one-line question gets its first token one step after it arrives, however starved the budget (a document
-# deep in its prefill, a busy machine) and whatever prompts the aging puts first. It costs the streams one longer gap
-# per such request.
-FIRST_STEP_STRETCH = 2.0
 WAIT_SLOT, WAIT_KV, WAIT_PREFILL = "slot", "kv", "prefill"  # why a prompt got nothing this step
 
 
@@ -252,10 +248,9 @@ class Scheduler:
             # Whole prompts only; at least one per step even if it exceeds the budget.
             n = left if not plan.prefill_tokens or left <= offer else 0
         else:
-            if seq.t_first_scheduled is None and offer < left <= self._offer(plan, seq, FIRST_STEP_STRETCH):
-                offer = left
-            if offer <= 0 and seq.t_first_scheduled is None:  # a request's first step always brings it a chunk
-                offer = min(self.policy.floor, self.policy.max_tokens - plan.num_tokens)
+            if seq.t_first_scheduled is None:  # a request's first step brings it a chunk: all of a short prompt
+                room = self.policy.max_tokens - plan.num_tokens
+                offer = max(offer, min(left if left <= self.policy.short_prompt else self.policy.floor, room))
             n = min(left, offer, self.config.max_prefill_chunk or left)
         # never exceed the backend's per-forward limit (a monolithic prompt beyond it is split there)
         n = n if hard_left is None else min(n, hard_left - plan.prefill_tokens)
@@ -270,18 +265,17 @@ class Scheduler:
         plan.prefill_tokens += n
         scheduled.add(seq.seq_id)
 
-    def _offer(self, plan: StepPlan, seq: Sequence, stretch: float = 1.0) -> int:
+    def _offer(self, plan: StepPlan, seq: Sequence) -> int:
         """The policy's tokens for one more chunk (of `seq`), told what the step already attends."""
         d, planned, spans = plan.num_decodes, plan.prefill_tokens, len(plan.spans) - plan.num_decodes
         if plan.held is None:
             work = sum(attention_pairs(s.seq.num_computed, s.num_tokens) for s in plan.spans)
-            return self.policy.prefill_budget(d, work, seq.num_computed, planned=planned, spans=spans,
-                                              stretch=stretch)
+            return self.policy.prefill_budget(d, work, seq.num_computed, planned=planned, spans=spans)
         # (T + P) * (held + T + P) = T*(held + T) + P*(held + 2T) + P^2 with T tokens planned, in the policy's
         # P*start + quad*P*(P+1) form
         t, h = d + planned, plan.held
         return self.policy.prefill_budget(d, shared_attention_pairs(h, t), h + 2 * t - 1, quad=1.0, planned=planned,
-                                          spans=spans, stretch=stretch)
+                                          spans=spans)
 
     def _make_room(self, seq: Sequence, n: int, plan: StepPlan, scheduled: set[int]) -> bool:
         """Preempt the least urgent running sequences (prefills before decodes, then the newest) until `seq` can take

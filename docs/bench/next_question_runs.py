@@ -80,14 +80,15 @@ def request_story(events: list[dict], prompt_tokens: int, after: float) -> dict:
               "at_s": round(e["t_client"] - queued["t_client"], 3)} for e in mine if e["event"] == "waiting"]
     sched = next((e for e in mine if e["event"] == "scheduled"), {})
     first = next((e for e in mine if e["event"] == "first_token"), None)
-    chunks = [(e["t_client"], n) for e in events if e.get("type") == "step"
-              for s, n in e.get("prefilled", []) if s == sid]
-    return {"seq_id": sid, "waits": waits, "queue_ms": sched.get("queue_ms"), "prefill_steps": len(chunks),
+    steps = [e for e in events if e.get("type") == "step" and any(s == sid for s, _ in e.get("prefilled", []))]
+    return {"seq_id": sid, "waits": waits, "queue_ms": sched.get("queue_ms"), "prefill_steps": len(steps),
+            "prefill_step_ms": [round(e["step_ms"]) for e in steps[:8]],
             "first_token_s": None if first is None else round(first["t_client"] - queued["t_client"], 3)}
 
 
 def run_once(run: int, a: argparse.Namespace, kv_dir: str) -> dict:
-    env = {"OLLAMA_CONTEXT_LENGTH": str(a.ctx), "EVENFLOW_KV_CACHE_DIR": kv_dir}
+    env = {"OLLAMA_CONTEXT_LENGTH": str(a.ctx), "EVENFLOW_KV_CACHE_DIR": kv_dir,
+           **dict(kv.split("=", 1) for kv in a.env)}
     with tempfile.TemporaryDirectory() as store:
         with serve_daemon({**env, "OLLAMA_MODELS": store}, "next_question_runs_daemon.log") as url:
             import_model(url, a.gguf)
@@ -130,7 +131,6 @@ def run_once(run: int, a: argparse.Namespace, kv_dir: str) -> dict:
                       for q in questions],
         "doc": {"ttft_s": doc.ttft, "prompt_tokens": doc.prompt_tokens,
                 "daemon": request_story(events, doc.prompt_tokens, t0 - 1) if doc.prompt_tokens else {}},
-        "stream_prompt_tokens": [s.prompt_tokens for s in streams],
         "stream_gap_ms": {"p50": 1000 * (pct(gaps, .5) or 0), "p99": 1000 * (pct(gaps, .99) or 0),
                           "max": 1000 * max(gaps, default=0), "n": len(gaps)},
         "steps": {"n": len(steps), "preempted": sum(e.get("preempted", 0) for e in steps),
@@ -161,17 +161,19 @@ def fmt(x: float | None) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| run | question TTFT (first / max) | question waited for | document TTFT (tokens) | document waited for | "
-           "streams' gap P50 / P99 | preempted / parked | KV layout, pool |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| run | question TTFT (first / max) | its prefill steps | question waited for | document TTFT (tokens) | "
+           "document waited for | streams' gap P50 / P99 | step P50 | preempted / parked | KV layout, pool |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tt = [q["ttft_s"] for q in r["questions"] if q["ttft_s"] is not None]
         qs = r["questions"][0] if r["questions"] else {"daemon": {}}
         m = r["model"]
         out.append(f"| {r['run']} | {fmt(tt[0] if tt else None)} / {fmt(max(tt, default=None))} | "
-                   f"{reasons(qs['daemon'])} | {fmt(r['doc']['ttft_s'])} ({r['doc']['prompt_tokens']}) | "
-                   f"{reasons(r['doc']['daemon'])} | {r['stream_gap_ms']['p50']:.0f} / {r['stream_gap_ms']['p99']:.0f} ms | "
-                   f"{r['steps']['preempted']} / {r['steps']['parked']} | {m.get('kv_layout')}, {m.get('kv_tokens')} |")
+                   f"{qs['daemon'].get('prefill_steps', '—')} | {reasons(qs['daemon'])} | {fmt(r['doc']['ttft_s'])} "
+                   f"({r['doc']['prompt_tokens']}) | {reasons(r['doc']['daemon'])} | "
+                   f"{r['stream_gap_ms']['p50']:.0f} / {r['stream_gap_ms']['p99']:.0f} ms | "
+                   f"{r['steps']['step_ms_p50'] or 0:.0f} ms | {r['steps']['preempted']} / {r['steps']['parked']} | "
+                   f"{m.get('kv_layout')}, {m.get('kv_tokens')} |")
     return "\n".join(out)
 
 
@@ -185,10 +187,13 @@ def main() -> None:
     ap.add_argument("--doc-tokens", type=int, default=6000)
     ap.add_argument("--question-after", type=float, default=3.0, help="seconds after the document is sent")
     ap.add_argument("--questions", type=int, default=1)
+    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="a non-default daemon setting (an A/B row; PYTHONPATH=<another checkout> runs other code)")
     ap.add_argument("--out", type=Path, default=HERE / "next_question_runs.json")
     a = ap.parse_args()
     cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=HERE).stdout.strip()
     rows = []
     with tempfile.TemporaryDirectory() as kv_dir:
         for run in range(1, a.runs + 1):
@@ -202,7 +207,8 @@ def main() -> None:
     a.out.write_text(json.dumps(old, indent=1))
     tt = [q["ttft_s"] for r in rows for q in r["questions"] if q["ttft_s"] is not None]
     print(f"\n{cpu}; git {git}; 4 streams of ~{a.stream_prompt_tokens}-token prompts decoding, a ~{a.doc_tokens}-token "
-          f"document, {a.questions} question(s) from {a.question_after:g} s after it; OLLAMA_CONTEXT_LENGTH={a.ctx}\n")
+          f"document, {a.questions} question(s) from {a.question_after:g} s after it; OLLAMA_CONTEXT_LENGTH={a.ctx}"
+          f"{'; ' + ' '.join(a.env) if a.env else ''}\n")
     print(table(rows))
     if tt:
         print(f"\nquestion TTFT over all runs: median {statistics.median(tt):.2f} s, max {max(tt):.2f} s")

@@ -1,4 +1,4 @@
-"""How llama.cpp's step time depends on how its OpenMP threads wait at barriers, on this machine as it is now (issue 38).
+"""How llama.cpp's step time depends on how its OpenMP threads wait at barriers, on this machine as it is (issue 38).
 
 llama-cpp-python's wheels build ggml with OpenMP: every op of a step ends at a barrier (hundreds per step), where
 libgomp spins (300,000 iterations by default) before it sleeps. On a machine with more runnable threads than cores,
@@ -88,10 +88,12 @@ def main() -> None:
     old = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {"runs": []}
     old["runs"].append({"meta": meta, "rows": rows})
     Path(a.out).write_text(json.dumps(old, indent=1))
-    md = [f"llama_decode wall time by OpenMP wait policy (ms, median over {a.cycles} cycles of the median of {a.rounds} "
-          f"steps) — {meta['model']}, {cpu}, {a.threads} threads, {os.cpu_count()} cores, {meta['date']}", "",
-          "| GOMP_SPINCOUNT | 4 decodes | 4 decodes + 16-token chunk | load average (1 min) during |", "|---|---|---|---|"]
+    md = [f"llama_decode wall time by OpenMP wait policy (ms, median over {a.cycles} cycles of the median of "
+          f"{a.rounds} steps) — {meta['model']}, {cpu}, {a.threads} threads, {os.cpu_count()} cores, {meta['date']}",
+          "", "| GOMP_SPINCOUNT | 4 decodes | 4 decodes + 16-token chunk | load average (1 min) during |",
+          "|---|---|---|---|"]
     md += [f"| {r['config']} | {r['decode_ms']:.1f} | {r['mixed_ms']:.1f} | {r['loadavg']:.1f} |" for r in rows]
+    Path(a.out).with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Iterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..manager import kv_pool, vram_size
+from ..model_report import kv_pool, vram_size
 from . import remote
 from .errors import APIError, parse_body
 from .schemas import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest

@@ -9,8 +9,8 @@ document being ingested), then arrival. Aging bounds the wait: a prompt passed o
 first (the oldest of such first; background priorities wait longer), and a request's first step always brings it a
 chunk of at least the budget's floor, or its whole prompt when that is short (the policy's `short_prompt`): a user's
 next question gets its first token one step after it arrives, whatever the budget leaves and whatever goes first.
-A queued request that outranks a running prefill by far takes its slot when none is free;
-the prefill's computed blocks stay in the prefix cache, so it resumes where it stopped when a slot frees.
+A queued request that outranks a running prefill by far takes its slot when none is free; the prefill's computed
+blocks stay in the prefix cache, so it resumes where it stopped when a slot frees.
 """
 from __future__ import annotations
 

@@ -68,13 +68,16 @@ def stream_prompt(run: int, i: int, tokens: int) -> str:
     return document(1000 * run + 10 + i, tokens) + f"\nStream {i}: tell me a long story about the sea."
 
 
-def request_story(events: list[dict], prompt_tokens: int, after: float) -> dict:
-    """What the daemon published about the first request of `prompt_tokens` queued after `after`."""
+def request_story(events: list[dict], prompt_tokens: int, after: float, claimed: set[int]) -> dict:
+    """What the daemon published about the first request of `prompt_tokens` queued after `after` that no earlier
+    story claimed."""
     queued = next((e for e in events if e.get("type") == "request" and e.get("event") == "queued"
-                   and e.get("prompt_tokens") == prompt_tokens and e["t_client"] >= after), None)
+                   and e.get("prompt_tokens") == prompt_tokens and e["t_client"] >= after
+                   and e["seq_id"] not in claimed), None)
     if queued is None:
         return {}
     sid = queued["seq_id"]
+    claimed.add(sid)
     mine = [e for e in events if e.get("type") == "request" and e.get("seq_id") == sid]
     waits = [{"reason": e["reason"], "position": e["position"], "prefilled": e["prefilled"],
               "at_s": round(e["t_client"] - queued["t_client"], 3)} for e in mine if e["event"] == "waiting"]
@@ -124,13 +127,15 @@ def run_once(run: int, a: argparse.Namespace, kv_dir: str) -> dict:
     steps = [e for e in events if e.get("type") == "step" and t0 <= e["t_client"] <= t_end]
     loaded = next((e for e in events if e.get("type") == "model" and e.get("event") == "loaded"), {})
     q_tokens = [q.prompt_tokens for q in questions]
+    claimed: set[int] = set()
     return {
         "run": run,
         "questions": [{"ttft_s": q.ttft, "total_s": q.total, "prompt_tokens": q.prompt_tokens,
-                       "daemon": request_story(events, q.prompt_tokens, q.t_sent - 1) if q.prompt_tokens else {}}
+                       "daemon": request_story(events, q.prompt_tokens, q.t_sent - 1, claimed)
+                       if q.prompt_tokens else {}}
                       for q in questions],
         "doc": {"ttft_s": doc.ttft, "prompt_tokens": doc.prompt_tokens,
-                "daemon": request_story(events, doc.prompt_tokens, t0 - 1) if doc.prompt_tokens else {}},
+                "daemon": request_story(events, doc.prompt_tokens, t0 - 1, claimed) if doc.prompt_tokens else {}},
         "stream_gap_ms": {"p50": 1000 * (pct(gaps, .5) or 0), "p99": 1000 * (pct(gaps, .99) or 0),
                           "max": 1000 * max(gaps, default=0), "n": len(gaps)},
         "steps": {"n": len(steps), "preempted": sum(e.get("preempted", 0) for e in steps),

@@ -49,12 +49,15 @@ class Loads:
         return sum(1 for e in self.events if e.get("type") == "model" and e.get("event") == "loaded")
 
 
-def _generate(daemon: Daemon, num_ctx: int | None, prompt: str = "x", **options: Any) -> dict:
+def _generate(daemon: Daemon, num_ctx: int | None, prompt: str = "x", shift: bool | None = None,
+              **options: Any) -> dict:
     opts = {"num_predict": 1, "temperature": 0, **options}
     if num_ctx is not None:
         opts["num_ctx"] = num_ctx
-    r = httpx.post(daemon.url + "/api/generate", json={"model": "tiny", "prompt": prompt, "stream": False,
-                                                       "options": opts}, timeout=300)
+    body = {"model": "tiny", "prompt": prompt, "stream": False, "options": opts}
+    if shift is not None:
+        body["shift"] = shift
+    r = httpx.post(daemon.url + "/api/generate", json=body, timeout=300)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -90,7 +93,7 @@ def test_switching_num_ctx_does_not_reload(daemon: Daemon, caplog) -> None:
     assert loads.count == 1
 
 
-def test_a_generation_stops_at_its_own_num_ctx(daemon: Daemon) -> None:
+def test_a_generation_stops_or_shifts_at_its_own_num_ctx(daemon: Daemon) -> None:
     biggest = _ps(daemon)["kv_pool"]["max_context"]
     model = daemon.ctx.manager.models["tiny:latest"]
     # below the default window, and (on a paged pool) above it: each sequence's own limit, no reload; long prompts
@@ -99,9 +102,15 @@ def test_a_generation_stops_at_its_own_num_ctx(daemon: Daemon) -> None:
         prompt = "count with me " * ((n - 40) // 3)
         p = _generate(daemon, n, prompt=prompt)["prompt_eval_count"]
         assert n - 64 < p < n  # the synthetic vocabulary gives about one token a word
-        out = _generate(daemon, n, prompt=prompt, num_predict=100000, ignore_eos=True)
+        out = _generate(daemon, n, prompt=prompt, num_predict=100000, ignore_eos=True, shift=False)
         assert out["done_reason"] == "length"
         assert out["prompt_eval_count"] + out["eval_count"] == n, out
+        # with Ollama's context shift (on by default) the window that fills is the sequence's own: the first shift
+        # comes when prompt + output reach n, not the loaded window
+        extra = 8
+        out = _generate(daemon, n, prompt=prompt, num_predict=n - p + extra, ignore_eos=True)
+        assert out["done_reason"] == "length" and out["eval_count"] == n - p + extra, out
+        assert out["truncated"]["shifts"] == 1, out
     assert daemon.ctx.manager.models["tiny:latest"] is model
 
 

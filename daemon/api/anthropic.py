@@ -21,6 +21,7 @@ from .generation import Generate
 from .options import sampling_params
 from .plan import Plan
 from .prepare import Prepared
+from .prompt_size import ContextOverflow
 
 router = APIRouter(prefix="/v1")
 
@@ -37,8 +38,9 @@ def plan(req: MessagesRequest) -> Plan:
 
 
 def _render(model: LoadedModel, conv: Conversation,
-            window: int) -> tuple[str, list[int], bool | str | None, list | None]:
-    """The chat prompt as /api/chat renders it for a `window`-token context: (text, ids, think, image spans)."""
+            window: int, fit: bool | None = None) -> tuple[prepare.ChatPrompt, bool | str | None]:
+    """The chat prompt as /api/chat renders it for a `window`-token context (`fit` False: a ContextOverflow when it
+    does not fit; None: as it is, to count it) and the think setting."""
     think = conv.think
     if think is None and conv.effort and prompting.thinking_tags(model):
         think = conv.effort  # output_config.effort: a level for a model that thinks, nothing for one that does not
@@ -46,8 +48,7 @@ def _render(model: LoadedModel, conv: Conversation,
     given = [m.get("images") or [] for m in conv.messages]
     messages = [{k: v for k, v in m.items() if k != "images"} for m in conv.messages]
     messages, images = prepare._message_images(model, model.name, messages, given)
-    text, ids, embeds = prepare._chat_prompt(model, messages, conv.tools, think, window, images)
-    return text, ids, think, embeds
+    return prepare._chat_prompt(model, messages, conv.tools, think, window, images, fit), think
 
 
 def tool_grammar(model: LoadedModel, tools: list[dict[str, Any]]) -> str:
@@ -74,11 +75,16 @@ def params(model: LoadedModel, req: MessagesRequest) -> SamplingParams:
 
 
 def prepare_messages(model: LoadedModel, req: MessagesRequest, window: int, conv: Conversation) -> Prepared:
-    """/v1/messages: the conversation rendered as /api/chat would, its sampling, a forced tool call's grammar."""
-    text, ids, think, embeds = _render(model, conv, window)
+    """/v1/messages: the conversation rendered as /api/chat would, its sampling, a forced tool call's grammar. Too
+    long for the window: Anthropic's `prompt is too long: N tokens > M maximum` (nothing is dropped)."""
+    try:
+        cp, think = _render(model, conv, window, fit=False)
+    except ContextOverflow as e:
+        raise e.as_anthropic() from None
     grammar = tool_grammar(model, conv.forced) if conv.forced else prepare.check_format(conv.schema)
-    prep = prepare._finish(model, text, ids, params(model, req), window, think, conv.tools, grammar)
-    prep.embeds = embeds
+    prep = prepare._finish(model, cp.text, cp.ids, params(model, req), window, think, conv.tools, grammar)
+    prep.embeds = cp.embeds
+    prep.progress = bool(req.return_progress)
     return prep
 
 
@@ -93,7 +99,7 @@ async def messages(request: Request) -> Response:
 
 
 def _count(model: LoadedModel, conv: Conversation, window: int) -> int:
-    return len(_render(model, conv, window)[1])
+    return len(_render(model, conv, window)[0].ids)
 
 
 @router.post("/messages/count_tokens")

@@ -242,7 +242,7 @@ class ModelStore:
         arch = info.architecture
         ctx = info.metadata.get(f"{arch}.context_length") or info.metadata.get(f"{arch}.max_position_embeddings")
         caps = ["embedding"] if info.is_embedding else ["completion"]
-        caps += template_capabilities(template)
+        caps += template_capabilities(template, info.family)
         projector = manifest.first(MT_PROJECTOR)
         if projector is not None:
             caps.append("vision")

@@ -211,12 +211,17 @@ def main() -> None:
     old["runs"].append(entry)
     a.out.write_text(json.dumps(old, indent=1))
     tt = [q["ttft_s"] for r in rows for q in r["questions"] if q["ttft_s"] is not None]
-    print(f"\n{cpu}; git {git}; 4 streams of ~{a.stream_prompt_tokens}-token prompts decoding, a ~{a.doc_tokens}-token "
-          f"document, {a.questions} question(s) from {a.question_after:g} s after it; OLLAMA_CONTEXT_LENGTH={a.ctx}"
-          f"{'; ' + ' '.join(a.env) if a.env else ''}\n")
-    print(table(rows))
+    lines = [f"{cpu}; git {git}; 4 streams of ~{a.stream_prompt_tokens}-token prompts decoding, a ~{a.doc_tokens}-token "
+             f"document, {a.questions} question(s) from {a.question_after:g} s after it; OLLAMA_CONTEXT_LENGTH={a.ctx}"
+             f"{'; ' + ' '.join(a.env) if a.env else ''}; load average at the end "
+             f"{' '.join(f'{x:.1f}' for x in entry['loadavg'])}", "", table(rows)]
     if tt:
-        print(f"\nquestion TTFT over all runs: median {statistics.median(tt):.2f} s, max {max(tt):.2f} s")
+        lines += ["", f"question TTFT over all runs: median {statistics.median(tt):.2f} s, max {max(tt):.2f} s"]
+    print("\n" + "\n".join(lines))
+    # the latest invocation's table next to its JSON (which keeps every invocation)
+    md = a.out.with_suffix(".md")
+    md.write_text(f"# next_question_runs.py, {entry['time']}\n\n`python docs/bench/next_question_runs.py "
+                  + " ".join(sys.argv[1:]) + "`\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

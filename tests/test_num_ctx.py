@@ -77,6 +77,13 @@ def test_switching_num_ctx_does_not_reload(daemon: Daemon, caplog) -> None:
     for n in (128, WINDOW, 300, biggest, None, 64, biggest):
         _generate(daemon, n)
         assert daemon.ctx.manager.models["tiny:latest"] is model, f"num_ctx {n} reloaded the model"
+    # a client that sends its own num_ctx on every chat (Open WebUI, Aider do) through Ollama's own client
+    client = ollama.Client(host=daemon.url)
+    for n in (2 * WINDOW if biggest >= 2 * WINDOW else WINDOW // 2, 100, biggest):
+        r = client.chat("tiny", messages=[{"role": "user", "content": "hi"}],
+                        options={"num_ctx": n, "num_predict": 2, "temperature": 0})
+        assert r.done and r.eval_count is not None and r.eval_count >= 1
+        assert daemon.ctx.manager.models["tiny:latest"] is model, f"num_ctx {n} reloaded the model"
     assert loads.count == 0
     # one more token than a sequence can hold: a reload, and the log says why
     with caplog.at_level(logging.INFO, logger="evenflow.daemon.manager"):

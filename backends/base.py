@@ -26,6 +26,14 @@ class SeqSpan:
     start_pos: int  # position of the first new token == tokens whose KV is already cached
     block_table: list[int]  # KV blocks covering positions [0, start_pos + length), in order
     need_logits: bool  # True for a decode or the last chunk of a prompt: logits of the span's last token
+    # True: logits of every row of the span, in order (a decode carrying draft tokens to verify, speculative.py);
+    # implies need_logits. A runner that cannot sets `Runner.max_logits_rows` accordingly.
+    all_logits: bool = False
+
+    @property
+    def num_logits(self) -> int:
+        """Logits rows this span gives: all its rows, its last, or none."""
+        return self.length if self.all_logits else int(self.need_logits)
 
     @property
     def context_len(self) -> int:
@@ -74,17 +82,23 @@ class Batch:
 
     @property
     def logits_rows(self) -> list[int]:
-        """Flattened indices of the tokens whose logits the engine needs, in span order."""
-        return [s.start + s.length - 1 for s in self.spans if s.need_logits]
+        """Flattened indices of the tokens whose logits the engine needs, in span order (every row of an
+        `all_logits` span, the last row of another that needs logits)."""
+        rows: list[int] = []
+        for s in self.spans:
+            if s.num_logits:
+                rows.extend(range(s.start + s.length - s.num_logits, s.start + s.length))
+        return rows
 
     @classmethod
-    def from_spans(cls, seqs: list[tuple[int, list[int], int, list[int], bool]], block_size: int) -> "Batch":
-        """Build from (slot, new_token_ids, start_pos, block_table, need_logits) tuples."""
+    def from_spans(cls, seqs: list[tuple], block_size: int) -> "Batch":
+        """Build from (slot, new_token_ids, start_pos, block_table, need_logits[, all_logits]) tuples."""
         token_ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []
-        for slot, toks, start_pos, table, need in seqs:
-            spans.append(SeqSpan(slot, len(token_ids), len(toks), start_pos, list(table), need))
+        for slot, toks, start_pos, table, need, *rest in seqs:
+            every = bool(rest and rest[0])
+            spans.append(SeqSpan(slot, len(token_ids), len(toks), start_pos, list(table), need or every, every))
             token_ids.extend(toks)
             positions.extend(range(start_pos, start_pos + len(toks)))
         return cls(token_ids, positions, spans, block_size)
@@ -215,6 +229,11 @@ class Runner(abc.ABC):
     kv_types: tuple[str, str] | None = None  # (K, V) element type names, where a backend reports them
     vision: "VisionEncoder | None" = None  # images in: set at load when the model has a projector (llama.cpp)
     vision_error: str | None = None  # why a model with a projector cannot take images here (e.g. no libmtmd)
+    # The most logits rows one step may ask for (`SeqSpan.all_logits` spans count all their rows); None: no limit.
+    # The engine caps draft tokens by it (speculative decoding); a runner must accept at least one row per slot.
+    max_logits_rows: int | None = None
+    # `rollback` can take back draft tokens (False: a recurrent state, which cannot; no speculative decoding)
+    can_rollback: bool = True
 
     @property
     def max_seq_tokens(self) -> int:
@@ -229,6 +248,11 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def free(self, slot: int) -> None:
         """Forget the KV of a slot (finish, abort, preempt). The engine reuses the slot afterwards."""
+
+    def rollback(self, slot: int, num_tokens: int) -> None:
+        """Forget the slot's KV at positions >= num_tokens (draft tokens the model rejected). The engine then gives
+        back the blocks past them. Nothing to do where the KV is the engine's blocks (torch, MLX): positions past a
+        span's context are never read and are overwritten when the sequence computes them."""
 
     @abc.abstractmethod
     def embed(self, token_ids: list[int]) -> np.ndarray:

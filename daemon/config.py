@@ -262,6 +262,10 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("target_itl_ms", ("EVENFLOW_TARGET_ITL_MS",), _target_itl, "auto or a number >= 0 (milliseconds)",
                 "inter-token latency target of the adaptive budget (auto = 50 on a GPU, 150 on a CPU; "
                 "0 = the fixed budget)"),
+    SettingSpec("speculative", ("EVENFLOW_SPECULATIVE",), _choice("ngram", "off"), "ngram or off",
+                "speculative decoding: ngram = drafts from the sequence's own prompt and output (prompt lookup), "
+                "as many draft tokens per step as pay for themselves; off = none (a request turns it off with "
+                "the option draft_num_predict 0)"),
     SettingSpec("max_seqs", ("EVENFLOW_MAX_SEQS",), _int_min(0), "an integer >= 0",
                 "sequence slots per loaded model (0 = as many full num_ctx windows as the KV pool holds, at "
                 "least 8; the pool is 8 windows in host/unified memory, a share of free memory on a CUDA GPU)"),
@@ -350,6 +354,7 @@ class Settings:
     prefill: str = "chunked"
     max_batched_tokens: int = 512
     target_itl_ms: float | None = None  # None = auto, by device
+    speculative: str = "ngram"
     max_seqs: int = 0
     gpu_kv_fraction: float = 0.9
     num_threads: int = 0

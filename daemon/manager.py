@@ -6,6 +6,7 @@ A request holds a `Lease` while it runs; when the last lease of a model ends its
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSe
 from ..backends.choice import total_vram
 from ..backends.common.gpu_plan import default_context_length
 from .config import FOREVER, Settings
+from .engine.draft_model import DraftVocabMismatch, check_vocab
 from .engine.engine import Engine, EngineConfig
 from .engine.kv_disk import DiskKVCache
 
@@ -80,6 +82,7 @@ class LoadedModel:
     size: int
     backend: str
     gpu: "GpuOptions" = field(default_factory=lambda: GpuOptions())  # the num_gpu / main_gpu it loaded with
+    draft: Runner | None = None  # the draft model's runner (speculative decoding, Modelfile DRAFT)
     vram_default: int = 4096  # Ollama's default num_ctx for the GPU memory this model runs with
     active: int = 0
     keep_alive: float = 300.0
@@ -373,14 +376,20 @@ class ModelManager:
             raise LoadFailed(f"failed to load model {record.name!r} with backend {backend}: internal error "
                              f"(see the daemon log)") from None
         ctx = min(want, int(runner.info.context_length))
+        try:
+            draft = await self._load_draft(record, backend, runner, rs)
+        except BaseException:
+            await asyncio.to_thread(runner.close)
+            raise
         cfg = EngineConfig(prefill_mode=s.prefill, max_num_batched_tokens=step_cap,
                            max_num_seqs=self.slots, target_itl_ms=s.target_itl_ms, max_queue=s.max_queue,
-                           context_length=ctx)
-        engine = Engine(runner, cfg, name=record.name, kv_disk=self.kv_disk, model_id=model_identity(record.path))
+                           context_length=ctx, speculative=s.speculative)
+        engine = Engine(runner, cfg, name=record.name, kv_disk=self.kv_disk, model_id=model_identity(record.path),
+                        draft=draft)
         await asyncio.to_thread(engine.warm_disk_cache)
         engine.start()
         model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, _memory_size(record, runner),
-                            backend, gpu, vram_default)
+                            backend, gpu, draft, vram_default)
         for fn in self._listeners:
             engine.subscribe(fn)
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
@@ -390,6 +399,36 @@ class ModelManager:
         log.info("loaded %s in %.2fs (%s, ctx %d; one sequence holds up to %d tokens)", record.name,
                  model.load_duration_ns / 1e9, backend, ctx, model.max_context)
         return model
+
+    async def _load_draft(self, record: ModelRecord, backend: str, runner: Runner, rs: RunnerSettings) -> Runner | None:
+        """The model's draft model (PARAMETER draft_model, from the Modelfile's DRAFT), loaded with its slots and
+        window; None when it names none. LoadFailed (the model's fault) for a draft that cannot serve it."""
+        name = record.params.get("draft_model")
+        if not name:
+            return None
+        if backend != "llamacpp":
+            raise LoadFailed(f"model {record.name!r} names the draft model {name!r}, but draft models run on the "
+                             f"llama.cpp backend only (this model runs on {backend})", model_fault=True)
+        try:
+            draft_record = self.resolve(name)
+        except Exception as e:  # noqa: BLE001 - the resolver's own error says why (not found, invalid name)
+            raise LoadFailed(f"the draft model {name!r} of {record.name!r}: {e}", model_fault=True) from None
+        if draft_record.remote is not None or auto_backend(draft_record.path) != "llamacpp":
+            raise LoadFailed(f"the draft model {name!r} of {record.name!r} must be a GGUF model", model_fault=True)
+        settings = dataclasses.replace(rs, max_num_seqs=runner.max_num_seqs, num_kv_blocks=None,
+                                       projector_path=None)
+        try:
+            draft = await asyncio.to_thread(self.loader, "llamacpp", draft_record.path, settings)
+        except ModelLoadError as e:
+            raise LoadFailed(f"failed to load the draft model {name!r}: {public_text(str(e), draft_record.path)}",
+                             model_fault=True) from None
+        try:
+            await asyncio.to_thread(check_vocab, runner, draft, record.name, name)
+        except DraftVocabMismatch as e:
+            await asyncio.to_thread(draft.close)
+            raise LoadFailed(str(e), model_fault=True) from None
+        log.info("%s drafts with %s", record.name, name)
+        return draft
 
     def _release(self, model: LoadedModel, keep_alive: float) -> None:
         model.active -= 1
@@ -433,10 +472,12 @@ def _close(model: LoadedModel) -> None:
     try:
         model.engine.shutdown(timeout=10)
     finally:
-        try:
-            model.runner.close()
-        except Exception:  # noqa: BLE001 - freeing must not fail the caller
-            log.exception("closing the runner of %s failed", model.name)
+        for runner in (model.runner, model.draft):
+            try:
+                if runner is not None:
+                    runner.close()
+            except Exception:  # noqa: BLE001 - freeing must not fail the caller
+                log.exception("closing a runner of %s failed", model.name)
 
 
 def model_identity(path: str) -> str:

@@ -48,6 +48,14 @@ class Metrics:
                                        "could no longer serve, recomputed instead", ["model"], registry=r)
         self.cache_hit_rate = Gauge("evenflow_prefix_cache_hit_rate", "Prefix cache hit tokens / query tokens "
                                     "since the model loaded", ["model"], registry=r)
+        self.draft_tokens = Counter("evenflow_speculative_draft_tokens", "Draft tokens verified (speculative "
+                                    "decoding)", ["model"], registry=r)
+        self.accepted_tokens = Counter("evenflow_speculative_accepted_tokens", "Draft tokens the model kept",
+                                       ["model"], registry=r)
+        self.acceptance = Gauge("evenflow_speculative_acceptance_rate", "Draft tokens kept / verified since the "
+                                "model loaded", ["model"], registry=r)
+        self.tokens_per_forward = Gauge("evenflow_tokens_per_forward", "Tokens generated per decode pass since the "
+                                        "model loaded (1 without speculative decoding)", ["model"], registry=r)
         self.disk_restored_tokens = Counter("evenflow_kv_disk_restored_tokens", "Prompt tokens whose KV was read back "
                                             "from the disk KV cache", ["model"], registry=r)
         self.disk_restored_bytes = Counter("evenflow_kv_disk_restored_bytes", "Bytes read back from the disk KV cache",
@@ -83,6 +91,9 @@ class Metrics:
             self.cache_hits.labels(model).inc(int(ev.get("cached_tokens", 0)))
             self.cache_queries.labels(model).inc(int(ev.get("admitted_tokens", 0)))
             self.cache_fallbacks.labels(model).inc(int(ev.get("prefix_fallback_tokens", 0)))
+            if ev.get("draft_tokens"):
+                self.draft_tokens.labels(model).inc(int(ev["draft_tokens"]))
+                self.accepted_tokens.labels(model).inc(int(ev.get("accepted_tokens", 0)))
             self.kv_cached.labels(model).set(int(ev.get("kv_cached", 0)))
             self._set_gauges(model, ev.get("running", 0), ev.get("waiting", 0), ev.get("kv_used", 0),
                              ev.get("kv_total", 0))
@@ -148,10 +159,12 @@ class Metrics:
             self._set_gauges(name, s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_total)
             self.kv_cached.labels(name).set(s.kv_blocks_cached)
             self.cache_hit_rate.labels(name).set(s.cache_hit_rate)
+            self.acceptance.labels(name).set(s.acceptance_rate)
+            self.tokens_per_forward.labels(name).set(s.tokens_per_forward)
             live.add(name)
         for gone in self._models_seen - live:
             for g in (self.running, self.queue_depth, self.kv_used, self.kv_total, self.kv_usage, self.kv_cached,
-                      self.cache_hit_rate):
+                      self.cache_hit_rate, self.acceptance, self.tokens_per_forward):
                 try:
                     g.remove(gone)
                 except KeyError:

@@ -3,7 +3,9 @@
 Random requests that share prefixes of random lengths with a few documents (block boundaries included) arrive while
 others run; some are aborted; small KV pools force preemptions and LRU evictions, and llama.cpp's parked streams and
 holder ids are taken over. After every engine step the engine's view of the cache and the runner's agree, and every
-request that finished equals its solo greedy output (the same prompt alone on a second runner, no cache).
+request that finished equals its solo greedy output (the same prompt alone on a second runner, no cache, no
+speculative decoding). Requests draft tokens as the engine decides, a fixed number, or none (`draft_num_predict`), so
+rejected draft tokens are rolled back under all of the above.
 """
 from __future__ import annotations
 
@@ -79,27 +81,70 @@ def audit(engine: Engine) -> None:
         assert runner.servable_prefix(seq.block_table[:full]) == full, seq
 
 
+class OracleDrafter:
+    """Drafts a request's solo greedy continuation with every fifth-or-so token wrong (a hash of where), so drafts are
+    kept in part and rejected at every position, across block boundaries (a random model rarely repeats itself,
+    so prompt lookup alone would seldom draft here)."""
+
+    sequential = False
+
+    def __init__(self) -> None:
+        self.expected: dict[int, list[int]] = {}
+
+    def follow(self, plan: Any) -> None:
+        pass
+
+    def offer(self, seq: Any, cap: int) -> tuple[int, int]:
+        left = self.expected.get(seq.seq_id, [])[len(seq.output_ids):]
+        return min(cap, len(left)), 4
+
+    def draft(self, wants: list[tuple[Any, int]]) -> list[list[int]]:
+        out = []
+        for seq, k in wants:
+            m = len(seq.output_ids)
+            toks = list(self.expected[seq.seq_id][m:m + k])
+            for j in range(len(toks)):
+                if hash((seq.seq_id, m + j, len(toks))) % 5 == 0:
+                    toks[j] = 3 + (toks[j] + 1) % 1800
+            out.append(toks)
+        return out
+
+    def rejected(self, seq: Any, num_computed: int) -> None:
+        pass
+
+    def forget(self, seq_id: int) -> None:
+        self.expected.pop(seq_id, None)
+
+
 class CacheMachine(RuleBasedStateMachine):
     warm: Any = None
     solo: Any = None
     oracle: dict[tuple[tuple[int, ...], int], tuple[list[int], str]] = {}
 
     @initialize(docs=st.lists(st.lists(st.integers(3, 1900), min_size=DOC_LEN, max_size=DOC_LEN),
-                              min_size=3, max_size=3))
-    def start(self, docs: list[list[int]]) -> None:
+                              min_size=3, max_size=3), oracle=st.booleans())
+    def start(self, docs: list[list[int]], oracle: bool = False) -> None:
         self.docs = docs
         self.engine = Engine(self.warm, EngineConfig(max_num_batched_tokens=24))
+        self.drafter = OracleDrafter() if oracle and self.engine.spec is not None else None
+        if self.drafter is not None:
+            self.engine.spec.drafter = self.drafter  # type: ignore[union-attr]
         self.finished: list[int] = []
         self.engine.subscribe(lambda ev: ev["type"] == "request" and ev["event"] == "finished"
                               and self.finished.append(ev["seq_id"]))
         self.live: dict[int, tuple[list[int], int, Any]] = {}
 
     @rule(doc=st.integers(0, 2), blocks=st.integers(0, DOC_LEN // BS), off=st.sampled_from([0, 0, 1, 3]),
-          tail=st.lists(st.integers(3, 1900), min_size=1, max_size=12), n=st.integers(1, 6))
-    def submit(self, doc: int, blocks: int, off: int, tail: list[int], n: int) -> None:
-        prompt = self.docs[doc][: min(blocks * BS + off, DOC_LEN)] + tail
-        stream = self.engine.submit(prompt, SamplingParams(temperature=0, num_predict=n), loop=None)
+          tail=st.lists(st.integers(3, 1900), min_size=1, max_size=12), n=st.integers(1, 8),
+          drafts=st.sampled_from([-1, 0, 1, 3, 7]), copy=st.sampled_from([0, 0, 2, 5]))
+    def submit(self, doc: int, blocks: int, off: int, tail: list[int], n: int, drafts: int, copy: int) -> None:
+        # `copy`: the prompt ends with the document's first tokens again, so prompt lookup drafts what followed them
+        prompt = self.docs[doc][: min(blocks * BS + off, DOC_LEN)] + tail + self.docs[doc][:copy]
+        stream = self.engine.submit(prompt, SamplingParams(temperature=0, num_predict=n, draft_num_predict=drafts),
+                                    loop=None)
         self.live[stream.seq_id] = (prompt, n, stream)
+        if self.drafter is not None:
+            self.drafter.expected[stream.seq_id] = self._solo(prompt, n)[0]
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -128,7 +173,7 @@ class CacheMachine(RuleBasedStateMachine):
     def _solo(self, prompt: list[int], n: int) -> tuple[list[int], str]:
         key = (tuple(prompt), n)
         if key not in self.oracle:
-            engine = Engine(self.solo, EngineConfig(max_num_batched_tokens=24, prefix_caching=False))
+            engine = Engine(self.solo, EngineConfig(max_num_batched_tokens=24, prefix_caching=False, speculative="off"))
             stream = engine.submit(prompt, SamplingParams(temperature=0, num_predict=n), loop=None)
             while engine.run_once():
                 pass
@@ -167,7 +212,7 @@ def test_twins_extended_leave_one_chain(runners):
     machine = CacheMachine()
     machine.start(docs=[[3] * DOC_LEN] * 3)
     for blocks in (2, 4, 4):
-        machine.submit(doc=0, blocks=blocks, off=0, tail=[3], n=1)
+        machine.submit(doc=0, blocks=blocks, off=0, tail=[3], n=1, drafts=-1, copy=0)
         machine.nothing_lost()
     machine.step(steps=2)
     machine.nothing_lost()

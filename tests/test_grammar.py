@@ -290,10 +290,13 @@ class _ScriptedRunner(ToyRunner):
 
     def step(self, batch):
         logits = super().step(batch)
-        for row, span in enumerate(s for s in batch.spans if s.need_logits):
-            k = span.context_len - self.prompt_len
-            if 0 <= k < len(self.script):
-                logits[row, self.script[k]] = 100.0
+        row = 0
+        for span in batch.spans:  # a row per token of an all_logits span (draft tokens verified), else the last
+            for n in range(span.context_len - span.num_logits + 1, span.context_len + 1):
+                k = n - self.prompt_len
+                if 0 <= k < len(self.script):
+                    logits[row, self.script[k]] = 100.0
+                row += 1
         return logits
 
 

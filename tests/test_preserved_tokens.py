@@ -50,10 +50,10 @@ class ScriptRunner(ToyRunner):
 
     def step(self, batch):  # type: ignore[no-untyped-def]
         rows = []
-        for span in batch.spans:
-            if span.need_logits:
+        for span in batch.spans:  # a row per token of an all_logits span (draft tokens verified), else the last
+            for n in range(span.context_len - span.num_logits + 1, span.context_len + 1):
                 row = np.full(262, -1e9, dtype=np.float32)
-                row[self.script[span.context_len - self.prompt_len]] = 0.0
+                row[self.script[min(n - self.prompt_len, len(self.script) - 1)]] = 0.0  # a draft past the end
                 rows.append(row)
         return np.array(rows, dtype=np.float32).reshape(len(rows), 262)
 

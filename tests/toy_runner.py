@@ -63,14 +63,13 @@ class ToyRunner(Runner):
                 self.kv[blk, pos % bs] = batch.token_ids[span.start + j]
         rows = []
         for span in batch.spans:
-            if not span.need_logits:
-                continue
-            n = span.context_len
-            toks = np.array([self.kv[span.block_table[p // bs], p % bs] for p in range(n)])
-            assert (toks >= 0).all(), "read an unwritten KV entry"
-            h = (self.emb[toks] * self.pos_w[np.arange(n) % 7]).sum(0) / np.sqrt(n)
-            h = h + self.emb[toks[-1]]
-            rows.append(np.tanh(h) @ self.out + self.bias)
+            # every row of an all_logits span (draft tokens verified), else the last one when needed
+            for n in range(span.context_len - span.num_logits + 1, span.context_len + 1):
+                toks = np.array([self.kv[span.block_table[p // bs], p % bs] for p in range(n)])
+                assert (toks >= 0).all(), "read an unwritten KV entry"
+                h = (self.emb[toks] * self.pos_w[np.arange(n) % 7]).sum(0) / np.sqrt(n)
+                h = h + self.emb[toks[-1]]
+                rows.append(np.tanh(h) @ self.out + self.bias)
         return np.array(rows, dtype=np.float32).reshape(len(rows), VOCAB)
 
     def free(self, slot: int) -> None:

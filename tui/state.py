@@ -65,6 +65,8 @@ class Step:
     prefill_tokens: int
     step_ms: float
     target_ms: float | None
+    draft_tokens: int = 0  # speculative decoding: draft tokens verified in the step
+    accepted_tokens: int = 0  # ... and kept
 
 
 @dataclass
@@ -206,7 +208,8 @@ class MonitorState:
         model = ev.get("model", "?")
         self.steps_seen += 1
         self.steps.append(Step(float(ev.get("time", 0.0)), model, int(ev.get("decodes", 0)),
-                               int(ev.get("prefill_tokens", 0)), float(ev.get("step_ms", 0.0)), ev.get("target_ms")))
+                               int(ev.get("prefill_tokens", 0)), float(ev.get("step_ms", 0.0)), ev.get("target_ms"),
+                               int(ev.get("draft_tokens") or 0), int(ev.get("accepted_tokens") or 0)))
         info = self._model(model)
         info.kv_used, info.kv_total = int(ev.get("kv_used", 0)), int(ev.get("kv_total", info.kv_total))
         info.running, info.waiting = int(ev.get("running", 0)), int(ev.get("waiting", 0))
@@ -266,6 +269,15 @@ class MonitorState:
         itl, ttft = [v for _, v in self.itl], [v for _, v in self.ttfts]
         return {"itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
                 "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99)}
+
+    def speculation(self, now: float) -> dict[str, float] | None:
+        """Over the last minute's steps: draft tokens kept / verified, and tokens per decode pass (None: no drafts)."""
+        recent = [s for s in self.steps if now - s.time <= WINDOW_S]
+        drafted = sum(s.draft_tokens for s in recent)
+        if not drafted:
+            return None
+        accepted, decodes = sum(s.accepted_tokens for s in recent), sum(s.decodes for s in recent)
+        return {"acceptance": accepted / drafted, "tokens_per_forward": (decodes + accepted) / max(decodes, 1)}
 
     def totals(self) -> dict[str, int]:
         """KV blocks, queue and running summed over loaded models (from the steps; /metrics when idle)."""

@@ -33,17 +33,20 @@ def _ms_label(ms: float) -> str:
 
 
 def tokens_rows(steps: list[Step], rows: int) -> list[Row]:
-    """Tokens per step, bottom up: █ decodes, ▒ prompt-chunk tokens on top of them."""
-    top = max([s.decodes + s.prefill_tokens for s in steps] + [1])
+    """Tokens per step, bottom up: █ decodes, ░ draft tokens verified with them, ▒ prompt-chunk tokens on top."""
+    top = max([s.decodes + s.draft_tokens + s.prefill_tokens for s in steps] + [1])
     heights = []
     for s in steps:
         d = max(round(s.decodes / top * rows), 1) if s.decodes else 0
-        p = max(round((s.decodes + s.prefill_tokens) / top * rows) - d, 1) if s.prefill_tokens else 0
-        heights.append((d, p))
+        x = max(round((s.decodes + s.draft_tokens) / top * rows) - d, 1) if s.draft_tokens else 0
+        p = max(round((s.decodes + s.draft_tokens + s.prefill_tokens) / top * rows) - d - x, 1) \
+            if s.prefill_tokens else 0
+        heights.append((d, x, p))
     out = []
     for r in range(rows, 0, -1):
         row: Row = [(f"{top if r == rows else '':>6} ", "dim")]
-        row += [("█", "green") if r <= d else ("▒", "yellow") if r <= d + p else (" ", "") for d, p in heights]
+        row += [("█", "green") if r <= d else ("░", "blue") if r <= d + x else ("▒", "yellow") if r <= d + x + p
+                else (" ", "") for d, x, p in heights]
         out.append(row)
     return out
 
@@ -100,11 +103,15 @@ class Timeline(Widget):
         steps = list(state.steps)[-w:]
         tok_n = max(2, (h - 2) * 5 // 9)
         rows = tokens_rows(steps, tok_n) + ms_rows(steps, max(2, h - 2 - tok_n))
-        rows.append([("█ decode ▒ prompt ▇ step ms ┄ target" + ("  (newest right)" if w > 60 else ""), "dim")])
+        drafts = any(s.draft_tokens for s in steps)
+        rows.append([("█ decode " + ("░ draft " if drafts else "") + "▒ prompt ▇ step ms ┄ target"
+                      + ("  (newest right)" if w > 60 else ""), "dim")])
         lat = state.latency()
+        spec = state.speculation(steps[-1].time) if drafts else None
         rows.append([(f"ITL p50 {fmt_ms(lat['itl_p50'], 0)} p99 {fmt_ms(lat['itl_p99'], 0)}  "
                       f"TTFT p50 {fmt_ms(lat['ttft_p50'], 0)} p99 {fmt_ms(lat['ttft_p99'], 0)}"
-                      + ("  (last 60 s)" if w > 70 else ""), "")])
+                      + (f"  drafts kept {spec['acceptance']:.0%}, {spec['tokens_per_forward']:.1f} tok/pass"
+                         if spec else "") + ("  (last 60 s)" if w > 70 else ""), "")])
         self._strips = [to_strip(row, width) for row in rows]
         self.refresh()
 

@@ -61,6 +61,22 @@ class BlockCells:
         out, self.uncached = self.uncached, []
         return out
 
+    def trim(self, seq: int | None, num_tokens: int) -> None:
+        """A live sequence's cells at positions >= num_tokens go (rejected draft tokens), and with them the blocks
+        wholly past them (the engine frees those: they were written this step, nobody else holds them)."""
+        if seq is None:
+            return
+        keep = -(-num_tokens // self.block_size)
+        table = self._tables.get(seq, [])
+        for b in table[keep:]:
+            holders = self._where.get(b) if b is not None else None
+            if holders is not None:
+                holders.discard(seq)
+                if not holders:
+                    del self._where[b], self._index[b]
+        del table[keep:]
+        self._remove(seq, num_tokens, -1)
+
     def servable(self, blocks: list[int]) -> int:
         """How many leading blocks of a cached chain a fresh sequence can be given (the rest is recomputed)."""
         raise NotImplementedError

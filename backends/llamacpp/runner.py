@@ -40,6 +40,7 @@ _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 _GGML_TYPES = {"f32": (0, 4), "f16": (1, 2), "bf16": (30, 2), "q8_0": (8, 34 / 32), "q4_0": (2, 18 / 32)}
 _KV_TYPES = {"auto": "f16", "float16": "f16", "float32": "f32", "bfloat16": "bf16"}  # settings.dtype -> KV type
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
+DRAFT_ROWS = 32  # logits rows a step may ask for beyond one per sequence: draft tokens verified (speculative.py)
 PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
 KV_ENV = "EVENFLOW_LLAMACPP_KV"
 KV_LAYOUTS = ("auto", "streams", "unified")
@@ -194,7 +195,13 @@ class LlamaCppRunner(Runner):
         # streams: a finished sequence's cells stay in its own stream instead.
         self._holder_ids = (min(PREFIX_HOLDERS, int(L.llama_max_parallel_sequences()) - self.max_num_seqs)
                             if self.shared_kv else 0)
+        # Rejected draft tokens are taken back with llama_memory_seq_rm: not possible for a recurrent state, nor for a
+        # sliding-window cache that keeps only the window (it drops the cells a draft slid past; ours keeps them all,
+        # swa_full, the default), so no speculative decoding there.
+        self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
         self._ctx = self._new_context(n_ctx, settings)
+        self.can_rollback = self.can_rollback and (self._swa_full or L.llama_model_n_swa(self._model) == 0)
+        self.max_logits_rows = self.max_num_seqs + self._holder_ids + (DRAFT_ROWS if self.can_rollback else 0)
         # llama.cpp may pad n_ctx; the scheduler must never count more than the cache really holds
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
         self.num_kv_blocks = self.n_ctx // self.block_size
@@ -286,12 +293,16 @@ class LlamaCppRunner(Runner):
         cp.n_batch = max(settings.max_num_batched_tokens, 1)
         cp.n_ubatch = min(cp.n_batch, 512)
         cp.n_seq_max = self.max_num_seqs + self._holder_ids
-        cp.n_outputs_max = cp.n_seq_max  # one logits row per sequence per step; llama.cpp wants n_seq_max rows
+        # one logits row per sequence per step (llama.cpp wants n_seq_max rows), plus rows for draft tokens being
+        # verified (speculative decoding); llama.cpp aborts the process on more, so `step` refuses them first
+        cp.n_outputs_max = cp.n_seq_max + (DRAFT_ROWS if self.can_rollback else 0)
+        cp.n_outputs_max_per_seq = cp.n_outputs_max
         cp.kv_unified = self.shared_kv  # streams: n_ctx is split evenly, one window per sequence
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.no_perf = True
         cp.type_k, cp.type_v = (_GGML_TYPES[t][0] for t in self.kv_types)
         cp.flash_attn_type = self._flash_attn = self._flash_attn_type(settings.flash_attention)
+        self._swa_full = bool(cp.swa_full)
         ctx = L.llama_init_from_model(self._model, cp)
         if not ctx:
             raise ModelLoadError(
@@ -335,6 +346,8 @@ class LlamaCppRunner(Runner):
         for s in spans:
             if not 0 <= s.slot < self.max_num_seqs or s.length < 1:
                 raise ValueError(f"bad span: slot {s.slot} (allowed [0, {self.max_num_seqs})), length {s.length} (>= 1)")
+        if (rows := sum(s.num_logits for s in spans)) > self.max_logits_rows:
+            raise ValueError(f"a step asking for {rows} logits rows; this context holds {self.max_logits_rows}")
         if self.shared_kv:
             for s in spans:  # a fresh slot: clear it, and share its cached prefix from the sequence holding it
                 self._cells.begin(s.slot, s.start_pos, s.length, s.block_table)
@@ -345,9 +358,12 @@ class LlamaCppRunner(Runner):
             order = micro_batch_order(spans, seqs)
         tok = np.asarray(batch.token_ids, dtype=np.int32)
         pos = np.asarray(batch.positions, dtype=np.int32)
-        rows = [i for i, s in enumerate(spans) if s.need_logits]
-        result = np.empty((len(rows), self.vocab_size), dtype=np.float32)
-        row_of = {i: r for r, i in enumerate(rows)}
+        row_of: dict[int, int] = {}  # span index -> its first row in `result`
+        n_rows = 0
+        for i, s in enumerate(spans):
+            if s.num_logits:
+                row_of[i], n_rows = n_rows, n_rows + s.num_logits
+        result = np.empty((n_rows, self.vocab_size), dtype=np.float32)
         if batch.embeds:  # image rows: llama_decode calls of their own (vision_decode.py)
             from .vision_decode import decode_with_embeddings
 
@@ -368,9 +384,9 @@ class LlamaCppRunner(Runner):
             seq[k : k + s.length] = seqs[i]
             out[k : k + s.length] = 0
             k += s.length
-            if s.need_logits:
-                out[k - 1] = 1
-                want.append(row_of[i])
+            if (m := s.num_logits):
+                out[k - m : k] = 1
+                want.extend(range(row_of[i], row_of[i] + m))
         self._cbatch.n_tokens = k
         t0 = time.perf_counter()
         rc = L.llama_decode(self._ctx, self._cbatch)
@@ -406,6 +422,12 @@ class LlamaCppRunner(Runner):
             raise ValueError(f"slot {slot} outside [0, {self.max_num_seqs})")
         if self._ctx is not None:
             self._cells.free(slot)
+
+    def rollback(self, slot: int, num_tokens: int) -> None:
+        """Remove the slot's cells at positions >= num_tokens (rejected draft tokens) and forget the blocks past them:
+        a cell left there would be attended beside the one the next step writes at the same position."""
+        if self._ctx is not None:
+            self._cells.trim(slot if self.shared_kv else self._cells.stream_of(slot), num_tokens)
 
     def drop_blocks(self, blocks: list[int]) -> None:
         """Remove the cells of blocks the engine will not read again (freed uncached, or evicted)."""

@@ -33,6 +33,7 @@ class EngineConfig:
     max_queue: int = 512
     context_length: int | None = None  # per-sequence window; None = the model's
     prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (where the runner supports it)
+    speculative: str = "ngram"  # speculative decoding (speculative.py): ngram (prompt lookup) | off
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -53,11 +54,26 @@ class EngineStats:
     cache_hit_tokens: int = 0  # tokens served from the prefix cache at admission, since load
     cache_query_tokens: int = 0  # tokens looked up at admission, since load
     prefix_fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve (recomputed), since load
+    # speculative decoding, since load: decode passes (one per decoding sequence per step), draft tokens verified
+    # in them and draft tokens kept
+    decode_passes: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
     kv_blocks_cached_free: int = 0  # blocks nobody holds that keep a cached prefix (evicted before anyone waits)
 
     @property
     def cache_hit_rate(self) -> float:
         return self.cache_hit_tokens / self.cache_query_tokens if self.cache_query_tokens else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Draft tokens kept / draft tokens verified (0 before any)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens generated per decode pass: 1 without speculation, 1 + the kept drafts with it."""
+        return (self.decode_passes + self.accepted_tokens) / self.decode_passes if self.decode_passes else 0.0
 
 
 def runs_on_cpu(runner: Runner) -> bool:

@@ -30,7 +30,8 @@ from .params import SamplingParams
 from .progress import PromptProgress
 from .sampling import RequestRng, penalty_window, sample_batch
 from .scheduler import Scheduler, SchedulerConfig, StepPlan
-from .sequence import Delta, RequestStream, Sequence
+from .sequence import Delta, RequestStream, Sequence, Status
+from .speculative import make_speculator
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +48,22 @@ class _SeqState:
         self.logprobs = logprobs  # None: not asked; k >= 0: each token's logprob and its top k alternatives
 
 
-def penalty_history(seq: Sequence) -> list[int]:
-    n = penalty_window(seq.params, seq.num_tokens)
-    return seq.tokens(seq.num_tokens - n, seq.num_tokens) if n else []
+def penalty_history(seq: Sequence, draft: list[int] | None = None) -> list[int]:
+    """The tokens the penalties look at, with a speculative row's draft tokens before it appended."""
+    tail = draft or []
+    n = penalty_window(seq.params, seq.num_tokens + len(tail))
+    if not n:
+        return []
+    k = max(n - len(tail), 0)
+    return (seq.tokens(seq.num_tokens - k, seq.num_tokens) if k else []) + tail[len(tail) - (n - k):]
 
 
 class Engine:
     def __init__(self, runner: Runner, config: EngineConfig | None = None, name: str = "", *,
-                 kv_disk: DiskKVCache | None = None, model_id: str = "") -> None:
+                 kv_disk: DiskKVCache | None = None, model_id: str = "", draft: Runner | None = None) -> None:
         """`kv_disk`: save cached prefixes there when stopping and read them back for new prompts; `model_id` names
-        the weights (their digest) in the disk cache's key."""
+        the weights (their digest) in the disk cache's key; `draft`: a draft model's runner (same vocabulary,
+        draft_model.check_vocab) that proposes the draft tokens instead of prompt lookup (the caller closes it)."""
         self.runner = runner
         self.config = config or EngineConfig()
         self.name = name
@@ -79,6 +86,8 @@ class Engine:
         self._deferred: set[int] = set()  # seq ids whose "add" waits for a disk read
         self._deferred_aborts: set[int] = set()
         self.policy = make_budget_policy(self.config, runner)
+        self.spec = make_speculator(self.config.speculative, runner, self.policy, draft)  # None: off
+        self._accepted = 0  # draft tokens kept this step
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk,
                             runner.max_batch_tokens, runner.shared_kv),
@@ -102,6 +111,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
+        self.decode_passes = 0
         self._stats = self._snapshot()
 
     # ---- public API (any thread) ----
@@ -223,9 +233,11 @@ class Engine:
         return self._stats
 
     def _snapshot(self) -> EngineStats:
+        spec = self.spec.counters if self.spec is not None else None
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_used,
                            self.blocks.num_blocks, self.steps, self.block_size, self.blocks.num_cached,
                            self.cache_hit_tokens, self.cache_query_tokens, self.blocks.fallback_tokens,
+                           self.decode_passes, spec.drafted if spec else 0, spec.accepted if spec else 0,
                            self.blocks.num_cached_free)
 
     def run_once(self) -> bool:
@@ -345,6 +357,8 @@ class Engine:
     def _step(self) -> None:
         t_start = time.perf_counter()
         plan = self.scheduler.schedule()
+        if self.spec is not None:
+            self.spec.extend(plan, self.blocks, self._may_draft)
         if not plan.spans:
             # Blocked (e.g. waiting on KV with nothing running cannot happen, but be safe): let time pass.
             time.sleep(0.001)
@@ -373,9 +387,11 @@ class Engine:
             return
         dt = time.perf_counter() - t0
         self.steps += 1
+        self.decode_passes += plan.num_decodes
         self.blocks.uncache(self.runner.take_uncached())  # cells the runner reused (a parked stream taken over)
+        self._accepted = 0
         for span in plan.spans:
-            span.seq.num_computed += span.num_tokens
+            span.seq.num_computed += span.num_tokens - len(span.draft)  # a draft token counts once verified
             self.blocks.commit(span.seq)
             if self._held and span.seq.num_computed >= len(span.seq.prompt_ids):
                 self._release_held(span.seq)
@@ -383,8 +399,12 @@ class Engine:
             self.progress.after_step(plan)  # before the first token a prompt's last chunk samples
         sampled = [s for s in plan.spans if s.need_logits]
         if sampled:
-            seqs = [s.seq for s in sampled]
-            logits = np.array(logits, dtype=np.float32, copy=True)
+            # a row per token to sample: a decode carrying k draft tokens gives k + 1 (speculative.py)
+            rows = [(s, j) for s in sampled for j in range(len(s.draft) + 1)]
+            seqs = [s.seq for s, _ in rows]
+            logits = np.asarray(logits, dtype=np.float32)
+            if not (logits.flags.owndata and logits.flags.writeable):  # sampling writes into it
+                logits = logits.copy()  # (a runner's fresh array is not copied: 1 MB a row for a 256k vocabulary)
             # the model's own distribution, before penalties, masks and temperature change the logits
             want = [i for i, q in enumerate(seqs) if self._states[q.seq_id].logprobs is not None]
             logp = log_softmax(logits[want]) if want else None
@@ -395,21 +415,59 @@ class Engine:
             no_eos = [i for i, q in enumerate(seqs) if q.params.ignore_eos and i not in ruled]
             if no_eos and self._eos_index.size:  # a grammar, when active, decides where the end may come
                 logits[np.ix_(no_eos, self._eos_index)] = -np.inf
+            rngs = self._states
             toks = sample_batch(
                 logits, [q.params for q in seqs],
-                [self._states[q.seq_id].rng for q in seqs],
-                [penalty_history(q) for q in seqs])
+                [rngs[s.seq.seq_id].rng.at(j) if s.draft else rngs[s.seq.seq_id].rng for s, j in rows],
+                [penalty_history(s.seq, s.draft[:j]) for s, j in rows]).tolist()
             lps: list[TokenLogprob | None] = [None] * len(seqs)
             for j, i in enumerate(want):
                 lps[i] = token_logprob(logp[j], int(toks[i]), self._states[seqs[i].seq_id].logprobs)  # type: ignore
-            for seq, tok, lp in zip(seqs, toks.tolist(), lps):
-                self._commit(seq, int(tok), lp)
+            i = 0
+            for s in sampled:
+                n = len(s.draft) + 1
+                if s.draft:
+                    self._verify(s, toks[i:i + n], lps[i:i + n])
+                else:
+                    self._commit(s.seq, int(toks[i]), lps[i])
+                i += n
         # The policy sees the whole iteration (scheduling, forward, sampling, streaming out): that is the gap a
         # decoding stream observes between its tokens.
         total = time.perf_counter() - t_start
-        self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, total,
-                                     len(plan.spans) - plan.num_decodes))
+        if self.spec is not None:
+            self.spec.observe(plan, total)
+        if not plan.draft_tokens:  # a step with drafts carries no prompt chunk: it has nothing to teach the budget
+            self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, total,
+                                         len(plan.spans) - plan.num_decodes))
         self._publish_step(plan, total, dt)
+
+    def _may_draft(self, seq: Sequence) -> bool:
+        """Speculation is off for grammar-constrained requests (a draft would have to pass the grammar first)."""
+        st = self._states.get(seq.seq_id)
+        return st is not None and st.constraint is None
+
+    def _verify(self, span: Any, toks: list[int], lps: list[TokenLogprob | None]) -> None:
+        """A decode that carried draft tokens: keep them while the sampled tokens agree; then the first token that
+        differs (or the one after the last draft) ends the step. The rejected tokens' KV goes."""
+        seq, draft = span.seq, span.draft
+        kept = next((j for j, (t, d) in enumerate(zip(toks, draft)) if t != d), len(draft))
+        rng = self._states[seq.seq_id].rng
+        if not seq.params.greedy:
+            rng.skip(kept + 1)  # the uniforms of the rows used, as decoding token by token would have drawn
+        seq.metrics.draft_tokens += len(draft)
+        seq.metrics.accepted_tokens += kept
+        self._accepted += kept
+        self.spec.verified(seq, span.draft_bucket, len(draft), kept)  # type: ignore[union-attr]
+        for j in range(kept + 1):
+            self._commit(seq, int(toks[j]), lps[j])
+            if seq.status is not Status.RUNNING:  # finished, or its window filled and it shifted (recomputed)
+                return
+            if j < kept:
+                seq.num_computed += 1  # this draft token was the one sampled: its KV, computed this step, stands
+        self.blocks.commit(seq)
+        self.runner.rollback(seq.slot, seq.num_computed)  # type: ignore[arg-type]
+        self.blocks.trim(seq)
+        self.spec.drafter.rejected(seq, seq.num_computed)  # type: ignore[union-attr]
 
     def _release_held(self, seq: Sequence) -> None:
         """n > 1: the first sequence's prompt is computed (or it ended): queue the others of its group."""
@@ -494,6 +552,8 @@ class Engine:
             self._release_held(seq)
         st = self._states.pop(seq.seq_id, None)
         self._seqs.pop(seq.seq_id, None)
+        if self.spec is not None:
+            self.spec.forget(seq.seq_id)
         tail = st.detok.flush() if st is not None and reason in ("length", "stop") else ""
         now = time.perf_counter_ns()
         m = seq.metrics
@@ -507,7 +567,8 @@ class Engine:
         self._published_wait.pop(seq.seq_id, None)
         self.progress.forget(seq.seq_id)
         self._send(seq, Delta(tail, [], done=True, done_reason=reason, error=error, metrics=m))
-        self._publish_request(seq, "finished", done_reason=reason, text=tail)
+        self._publish_request(seq, "finished", done_reason=reason, text=tail, draft_tokens=m.draft_tokens,
+                              accepted_tokens=m.accepted_tokens)
 
     def _abort_all(self, reason: str, error: str | None) -> None:
         for seq in list(self._seqs.values()):
@@ -562,6 +623,9 @@ class Engine:
             # [seq_id, tokens computed] per prompt chunk: lets a monitor draw each ingestion's progress
             "prefilled": [[s.seq.seq_id, s.seq.num_computed] for s in plan.spans[plan.num_decodes:]],
             "target_ms": self.policy.target * 1e3 if isinstance(self.policy, AdaptiveBudget) else None,
+            # speculative decoding: draft tokens verified this step, how many were kept, decodes that carried them
+            "draft_tokens": plan.draft_tokens, "accepted_tokens": self._accepted,
+            "spec_spans": sum(1 for s in plan.spans if s.draft),
         })
 
     def _publish_waits(self, plan: StepPlan) -> None:

@@ -117,6 +117,19 @@ class BlockManager:
         seq.block_table = []
         seq.num_registered = 0
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past `seq`'s computed tokens (those of draft tokens the model rejected): it holds
+        what decoding token by token would hold. They are unkeyed (never full of computed tokens) and held by none
+        else (written this step)."""
+        keep = blocks_for(seq.num_computed, self.block_size)
+        for b in reversed(seq.block_table[keep:]):
+            if self._ref[b] != 1 or self._key[b] is not None:
+                raise RuntimeError(f"block {b} past seq {seq.seq_id}'s computed tokens is shared or cached")
+            self._ref[b] = 0
+            self._free.append(b)
+            self.forgotten.append(b)
+        del seq.block_table[keep:]
+
     def acquire_prefix(self, seq: Sequence) -> int:
         """At admission: share the longest cached run of `seq`'s full blocks and count it as computed.
 

@@ -17,14 +17,42 @@ _NEG = np.float32(-np.inf)
 
 
 class RequestRng:
-    """A request's own random stream (seed -1 = fresh entropy)."""
+    """A request's own random stream (seed -1 = fresh entropy): one uniform per sampled token, in order."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed if seed >= 0 else secrets.randbits(63)
         self._gen = np.random.Generator(np.random.PCG64(self.seed))
+        self._ahead: list[float] = []  # drawn by `peek`, not yet used
 
     def uniform(self) -> float:
-        return float(self._gen.random())
+        return self._ahead.pop(0) if self._ahead else float(self._gen.random())
+
+    def peek(self, j: int) -> float:
+        """The uniform `j` draws ahead, without using it (the rows of a speculative span, sampled at once)."""
+        while len(self._ahead) <= j:
+            self._ahead.append(float(self._gen.random()))
+        return self._ahead[j]
+
+    def skip(self, n: int) -> None:
+        """Use up the next `n` uniforms (the rows a speculative span kept)."""
+        for _ in range(n):
+            self.uniform()
+
+    def at(self, j: int) -> "RngAhead":
+        return RngAhead(self, j)
+
+
+class RngAhead:
+    """A row's view of its request's stream, `j` uniforms ahead: a speculative span's row j draws what decoding
+    token by token would have drawn for that token, so a seed gives the same tokens with or without drafts."""
+
+    __slots__ = ("rng", "j")
+
+    def __init__(self, rng: RequestRng, j: int) -> None:
+        self.rng, self.j = rng, j
+
+    def uniform(self) -> float:
+        return self.rng.peek(self.j)
 
 
 def penalty_window(p: SamplingParams, num_tokens: int) -> int:
@@ -58,7 +86,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
-def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[RequestRng],
+def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list["RequestRng | RngAhead"],
                  histories: list[list[int]]) -> np.ndarray:
     """Pick one token per row of `logits` [B, V] (float32, modified in place). Returns int64 [B].
     `histories[i]` is row i's penalty window (see `penalty_window`)."""

@@ -54,6 +54,9 @@ class ScheduledSpan:
     seq: Sequence
     num_tokens: int
     need_logits: bool = False  # fixed at planning time: this span reaches the sequence's last known token
+    # a decode's draft tokens (speculative.py), after its known token: num_tokens == 1 + len(draft)
+    draft: list[int] = field(default_factory=list)
+    draft_bucket: int = 0  # where the draft came from (speculative.py keeps acceptance rates per source)
 
     def __post_init__(self) -> None:
         self.need_logits = self.seq.num_computed + self.num_tokens == self.seq.num_tokens
@@ -79,6 +82,10 @@ class StepPlan:
         return sum(s.num_tokens for s in self.spans)
 
     @property
+    def draft_tokens(self) -> int:
+        return sum(len(s.draft) for s in self.spans)
+
+    @property
     def attention_work(self) -> int:
         """(query, key) pairs attended this step: the part of a step's cost that grows with context."""
         if self.held is not None:
@@ -87,8 +94,8 @@ class StepPlan:
 
     def to_batch(self, block_size: int) -> Batch:
         batch = Batch.from_spans(
-            [(s.seq.slot, s.seq.tokens(s.seq.num_computed, s.seq.num_computed + s.num_tokens), s.seq.num_computed,
-              s.seq.block_table, s.need_logits) for s in self.spans],
+            [(s.seq.slot, s.seq.tokens(s.seq.num_computed, s.seq.num_computed + s.num_tokens - len(s.draft)) + s.draft,
+              s.seq.num_computed, s.seq.block_table, s.need_logits, bool(s.draft)) for s in self.spans],
             block_size,
         )
         for s, span in zip(self.spans, batch.spans):

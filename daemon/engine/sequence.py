@@ -35,6 +35,8 @@ class RequestMetrics:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at (first) admission
     shifts: int = 0  # context shifts: the window filled during generation and its middle was dropped
     shifted_tokens: int = 0  # tokens those shifts dropped
+    draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
+    accepted_tokens: int = 0  # ... and kept (each one a token that cost no forward pass of its own)
 
     def as_ollama(self) -> dict[str, int]:
         return {

@@ -18,9 +18,11 @@ _FLOAT = {"top_p", "min_p", "typical_p", "temperature", "repeat_penalty", "prese
 _BOOL = {"use_mmap", "numa", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock", "penalize_newline",
          "embedding_only"}
 _LIST = {"stop"}
+# evenflow's own: the name of a draft model for speculative decoding (Modelfile `DRAFT NAME`, daemon/manager.py)
+_STR = {"draft_model"}
 DEPRECATED_PARAMS = frozenset({"penalize_newline", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
                                "mirostat", "mirostat_tau", "mirostat_eta"})
-PARAMETER_KEYS = frozenset(_INT | _FLOAT | _BOOL | _LIST)
+PARAMETER_KEYS = frozenset(_INT | _FLOAT | _BOOL | _LIST | _STR)
 MESSAGE_ROLES = ("system", "user", "assistant")
 INSTRUCTIONS = ("from", "license", "template", "system", "adapter", "draft", "renderer", "parser", "parameter",
                 "message", "requires")
@@ -42,6 +44,10 @@ def _convert(key: str, value: Any) -> Any:
         return list(items)
     if isinstance(value, (list, tuple, dict)):
         raise InvalidParameter(f"parameter {key!r} takes one value, got {value!r}")
+    if key in _STR:
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidParameter(f"parameter {key!r} must be a model name, got {value!r}")
+        return value.strip()
     try:
         if key in _BOOL:
             if isinstance(value, bool):
@@ -229,6 +235,8 @@ def parse_modelfile(text: str) -> ModelfileSpec:
                 spec.license.append(value)
             elif inst == "requires":
                 spec.requires = value
+            elif inst == "draft":  # Ollama's instruction for a draft model; here a model of the store, by name
+                raw_params["draft_model"] = value
             else:
                 log.warning("Modelfile instruction %s is not supported and was ignored", inst.upper())
         nl = text.find("\n", pos)

@@ -24,8 +24,10 @@ log = logging.getLogger(__name__)
 
 def make_params(gguf: str | Path, n_batch: int = 2048, n_ubatch: int = 512, slots: int = 4,
                 ctx_per_slot: int = 4096, port: int = 0, threads: int | None = None,
-                no_extra_bufts: bool = True, verbosity: int | None = None) -> Any:
-    """xllamacpp.CommonParams for llama-server with the given batch sizes and parallel slots."""
+                no_extra_bufts: bool = True, verbosity: int | None = None,
+                speculative: list[Any] | None = None) -> Any:
+    """xllamacpp.CommonParams for llama-server with the given batch sizes and parallel slots; `speculative`:
+    `--spec-type` values (xllamacpp.common_speculative_type members) at llama-server's default sizes."""
     import xllamacpp
 
     if not Path(gguf).is_file():
@@ -51,6 +53,8 @@ def make_params(gguf: str | Path, n_batch: int = 2048, n_ubatch: int = 512, slot
     p.port = port  # 0: any free port; read it back from listening_address
     if verbosity is not None:
         p.verbosity = verbosity
+    if speculative:
+        p.speculative.types = list(speculative)
     return p
 
 

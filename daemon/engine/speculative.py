@@ -1,0 +1,283 @@
+"""Speculative decoding inside the piggybacked step: drafts verified in the same forward pass as everything else.
+
+A decode span of 1 + k tokens (the pending token and k draft tokens) is a small prefill whose every row gives
+logits (`SeqSpan.all_logits`): row j predicts the token after draft j. The engine samples the rows in order with
+the request's own sampler and random stream and keeps the draft while each sampled token equals it; the first
+token that differs (or the one after the last draft) is the step's last token for that sequence. So the output is
+exactly what decoding one token at a time gives: greedy is argmax either way, and sampling draws the same uniform
+per token, which for a deterministic draft (prompt lookup, a greedy draft model) is speculative rejection sampling:
+the draft token is accepted with the target's probability of it, and a rejection samples the target restricted to
+the other tokens (the residual). The KV of the rejected tokens is rolled back (`Runner.rollback`), their blocks are
+given back, and the prefix cache only ever keys blocks of accepted tokens.
+
+How many tokens to draft is decided each step: every candidate draft token j of a sequence is worth alpha^j
+expected tokens (alpha, its measured acceptance rate, per source: the n-gram match length or the draft model),
+and costs what `DraftCost` measured; tokens are added while they raise the step's tokens per second, within the
+latency target, the KV blocks and the runner's logits rows. A step that carries a prompt chunk carries no drafts:
+the chunk was sized to fill the latency target, and decodes are never slowed for a guess.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from ...backends.base import Runner
+from .budget import AdaptiveBudget, BudgetPolicy
+from .draft_cost import DraftCost
+from .draft_model import DraftModel
+from .kv import BlockManager
+from .ngram import PromptLookup
+from .scheduler import ScheduledSpan, StepPlan
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+SPEC_MODES = ("ngram", "draft", "off")
+MAX_BUCKET = 4  # acceptance buckets: 0 = a draft model's tokens, 1..4 = prompt lookup by match length (4: 4+)
+# Engine-wide prior acceptance per bucket (a longer match is a surer guess), worth PRIOR_WEIGHT drafts
+PRIOR_ALPHA = (0.6, 0.3, 0.45, 0.6, 0.7)
+PRIOR_WEIGHT = 2.0
+SEQ_WEIGHT = 3.0  # the engine-wide rate counts as this many drafts in a sequence's own estimate
+DECAY = 0.98  # engine-wide counts fade, so the rate follows what the model is being asked now
+PROBE_EVERY = 32  # a sequence not drafting for this many steps tries one token on a match of 2+ (rates change)
+
+
+class Drafter(Protocol):
+    """Where draft tokens come from: prompt lookup (ngram.PromptLookup) or a draft model (draft_model.py)."""
+
+    sequential: bool  # each draft token costs a forward pass of its own (a draft model), shared by the sequences
+
+    def follow(self, plan: StepPlan) -> None:
+        """Every step, before drafting: read along what the target computes (a draft model's prompt)."""
+        ...
+
+    def offer(self, seq: Sequence, cap: int) -> tuple[int, int]:
+        """(draft tokens it can give `seq` now, at most `cap`; acceptance bucket)."""
+        ...
+
+    def draft(self, wants: list[tuple[Sequence, int]]) -> list[list[int]]:
+        """The draft tokens, k for each (sequence, k) (fewer where it has fewer)."""
+        ...
+
+    def rejected(self, seq: Sequence, num_computed: int) -> None:
+        """After verification: `seq` holds `num_computed` computed tokens (its own KV past them is stale)."""
+        ...
+
+    def forget(self, seq_id: int) -> None:
+        ...
+
+
+@dataclass
+class SpecConfig:
+    mode: str = "ngram"  # ngram: prompt lookup; draft: a draft model; off
+    max_draft: int = 16  # most draft tokens one sequence carries in a step
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPEC_MODES:
+            raise ValueError(f"speculative mode {self.mode!r}; allowed: {', '.join(SPEC_MODES)}")
+        if self.max_draft < 1:
+            raise ValueError(f"max_draft must be >= 1, got {self.max_draft}")
+
+
+@dataclass
+class SpecCounters:
+    """Totals since load (the /metrics counters)."""
+
+    steps: int = 0  # steps that carried drafts
+    spans: int = 0  # decode spans that carried drafts (forward passes of a speculating sequence)
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens kept
+
+
+@dataclass
+class _SeqSpec:
+    acc: list[float] = field(default_factory=lambda: [0.0] * (MAX_BUCKET + 1))
+    rej: list[float] = field(default_factory=lambda: [0.0] * (MAX_BUCKET + 1))
+    idle: int = 0  # steps since it last carried a draft
+
+
+@dataclass
+class _Candidate:
+    span: ScheduledSpan
+    alpha: float
+    bucket: int
+    cap: int  # most tokens it may take (what the drafter has, blocks, context, num_predict, draft_num_predict)
+    fixed: bool  # the request asked for a number of draft tokens: no adapting
+    k: int = 0
+
+
+class Speculator:
+    """Proposes drafts for a step's decodes, sizes them, and learns from how they fared."""
+
+    def __init__(self, config: SpecConfig, drafter: Drafter, max_rows: int | None, *, one_pass: bool,
+                 max_step_tokens: int, target_s: float | None) -> None:
+        self.config = config
+        self.drafter = drafter
+        self.max_rows = max_rows
+        self.one_pass = one_pass  # a step is one pass whatever its spans (torch, MLX, llama.cpp's unified KV)
+        self.max_step_tokens = max_step_tokens
+        self.target_s = target_s  # a step with drafts stays under this (None: no latency target)
+        self.cost = DraftCost()
+        self.counters = SpecCounters()
+        self._acc = [a * PRIOR_WEIGHT for a in PRIOR_ALPHA]
+        self._rej = [(1 - a) * PRIOR_WEIGHT for a in PRIOR_ALPHA]
+        self._seqs: dict[int, _SeqSpec] = {}
+
+    # ---- planning ----
+    def extend(self, plan: StepPlan, blocks: BlockManager, eligible: Callable[[Sequence], bool]) -> None:
+        """Give some of `plan`'s decodes draft tokens (allocating their KV blocks)."""
+        self.drafter.follow(plan)
+        if plan.num_decodes == 0 or plan.prefill_tokens or len(plan.spans) != plan.num_decodes:
+            return
+        cands = [c for span in plan.spans if (c := self._candidate(span, blocks, eligible)) is not None]
+        if not cands:
+            return
+        self._size(plan, cands)
+        wants = []
+        for c in cands:
+            st = self._seqs[c.span.seq.seq_id]
+            c.k = min(c.k, blocks.max_new_tokens(c.span.seq) - 1)
+            if c.k <= 0:
+                st.idle += 1
+                continue
+            st.idle = 0
+            wants.append(c)
+        drafts = self.drafter.draft([(c.span.seq, c.k) for c in wants]) if wants else []
+        for c, toks in zip(wants, drafts):
+            # the blocks the drafts before took are gone: drafts past them are dropped (a draft model's KV of
+            # them is rolled back with the rejected ones after the step)
+            room = max(0, blocks.max_new_tokens(c.span.seq) - 1)
+            if toks and not room:
+                self.drafter.rejected(c.span.seq, c.span.seq.num_computed)  # verified nothing: it keeps nothing
+            toks = toks[:room]
+            if toks:
+                blocks.allocate(c.span.seq, 1 + len(toks))
+                c.span.num_tokens = 1 + len(toks)
+                c.span.draft = list(toks)
+                c.span.draft_bucket = c.bucket
+
+    def _candidate(self, span: ScheduledSpan, blocks: BlockManager,
+                   eligible: Callable[[Sequence], bool]) -> _Candidate | None:
+        seq = span.seq
+        want = seq.params.draft_num_predict
+        if want == 0 or span.num_tokens != 1 or not eligible(seq):
+            return None
+        p = seq.params
+        cap = min(self.config.max_draft if want < 0 else want,
+                  seq.max_tokens - seq.num_tokens,  # the last draft's position stays inside the window
+                  blocks.max_new_tokens(seq) - 1)
+        if p.num_predict >= 0:
+            cap = min(cap, p.num_predict - seq.num_generated - 1)  # accepted + one more must not exceed it
+        if cap <= 0:
+            return None
+        st = self._seqs.get(seq.seq_id)
+        if st is None:
+            st = self._seqs[seq.seq_id] = _SeqSpec()
+        n, bucket = self.drafter.offer(seq, cap)
+        if n <= 0:
+            st.idle += 1
+            return None
+        return _Candidate(span, self.alpha(st, bucket), bucket, min(cap, n), want > 0)
+
+    def alpha(self, st: _SeqSpec, bucket: int) -> float:
+        """A draft token's chance of acceptance: the sequence's own record, leaning on the engine-wide rate."""
+        glob = self._acc[bucket] / (self._acc[bucket] + self._rej[bucket])
+        return (st.acc[bucket] + SEQ_WEIGHT * glob) / (st.acc[bucket] + st.rej[bucket] + SEQ_WEIGHT)
+
+    def _predict(self, decodes: int, ks: list[int]) -> float:
+        """The step's time with these draft tokens per candidate."""
+        spec = sum(1 for k in ks if k)
+        # plain decodes share one pass; a drafting span has one of its own (llama.cpp's per-sequence streams)
+        extra = 0 if self.one_pass else (spec if spec < decodes else spec - 1)
+        return self.cost.predict(decodes, sum(ks), extra, max(ks, default=0) if self.drafter.sequential else 0)
+
+    def _size(self, plan: StepPlan, cands: list[_Candidate]) -> None:
+        """Draft tokens for each candidate: greedily, the best expected tokens per second first."""
+        rows_left = (self.max_rows - sum(int(s.need_logits) for s in plan.spans)
+                     if self.max_rows is not None else 1 << 30)
+        tokens_left = self.max_step_tokens - plan.num_tokens
+        for c in cands:  # a request that named its number of draft tokens gets them (within the step's limits)
+            if c.fixed:
+                c.k = max(0, min(c.cap, rows_left, tokens_left))
+                rows_left, tokens_left = rows_left - c.k, tokens_left - c.k
+        if all(c.fixed for c in cands) or not self.cost.ready:
+            return
+        d = plan.num_decodes
+        ks = [c.k for c in cands]
+        t = self._predict(d, ks)
+        gain = float(d) + sum(sum(c.alpha ** j for j in range(1, c.k + 1)) for c in cands)
+        # the latency target is the other streams' promise: a lone decode's step may run past it (it gets the tokens)
+        limit = self.target_s if self.target_s is not None and d > 1 else float("inf")
+        while rows_left > 0 and tokens_left > 0:
+            best = None  # (expected tokens per second added, index, tokens, expected tokens, new step time)
+            for i, c in enumerate(cands):
+                if c.fixed or c.k >= c.cap:
+                    continue
+                # a sequence's first draft tokens may open a pass of their own: weigh them as one bundle
+                top = min(c.cap, c.k + rows_left, c.k + tokens_left) if c.k == 0 else c.k + 1
+                for m in range(c.k + 1, top + 1):
+                    trial = ks.copy()
+                    trial[i] = m
+                    t_new = self._predict(d, trial)
+                    g = sum(c.alpha ** j for j in range(c.k + 1, m + 1))
+                    ratio = g / max(t_new - t, 1e-9)
+                    if t_new <= limit and (best is None or ratio > best[0]):
+                        best = (ratio, i, m, g, t_new)
+            if best is None or best[0] <= gain / max(t, 1e-9):
+                break  # no draft token left that raises the step's tokens per second
+            _, i, m, g, t_new = best
+            add = m - cands[i].k
+            cands[i].k = ks[i] = m
+            rows_left, tokens_left = rows_left - add, tokens_left - add
+            gain, t = gain + g, t_new
+        for c in cands:  # a sequence that has not drafted for long tries one token on a good match
+            st = self._seqs[c.span.seq.seq_id]
+            if not c.fixed and c.k == 0 and st.idle >= PROBE_EVERY and c.bucket >= 2 and rows_left > 0 \
+                    and tokens_left > 0:
+                c.k = 1
+                rows_left, tokens_left = rows_left - 1, tokens_left - 1
+
+    # ---- feedback ----
+    def verified(self, seq: Sequence, bucket: int, drafted: int, accepted: int) -> None:
+        """A span's drafts were checked: `accepted` of `drafted` kept."""
+        rejected = 1.0 if accepted < drafted else 0.0
+        self._acc = [a * DECAY for a in self._acc]
+        self._rej = [r * DECAY for r in self._rej]
+        self._acc[bucket] += accepted
+        self._rej[bucket] += rejected
+        st = self._seqs.get(seq.seq_id)
+        if st is not None:
+            st.acc[bucket] += accepted
+            st.rej[bucket] += rejected
+        c = self.counters
+        c.spans += 1
+        c.drafted += drafted
+        c.accepted += accepted
+
+    def observe(self, plan: StepPlan, seconds: float) -> None:
+        """A finished step: decode-only steps teach the cost model."""
+        if plan.prefill_tokens or plan.num_decodes == 0 or len(plan.spans) != plan.num_decodes:
+            return
+        ks = [len(s.draft) for s in plan.spans]
+        if any(ks):
+            self.counters.steps += 1
+        spec = sum(1 for k in ks if k)
+        extra = 0 if self.one_pass else (spec if spec < plan.num_decodes else spec - 1)
+        self.cost.observe(plan.num_decodes, sum(ks), extra, max(ks) if self.drafter.sequential else 0, seconds)
+
+    def forget(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+        self.drafter.forget(seq_id)
+
+
+def make_speculator(mode: str, runner: Runner, policy: BudgetPolicy, draft: Runner | None) -> Speculator | None:
+    """The engine's speculator: prompt lookup, or the draft model when one is loaded; None when `mode` is off or the
+    model cannot take back rejected tokens (a recurrent state)."""
+    if mode == "off" or not runner.can_rollback or (draft is not None and not draft.can_rollback):
+        return None
+    drafter: Drafter = PromptLookup(runner.info.vocab_size) if draft is None else DraftModel(draft)
+    return Speculator(SpecConfig("ngram" if draft is None else "draft"), drafter, runner.max_logits_rows,
+                      one_pass=runner.kv_layout != "streams",
+                      max_step_tokens=min(policy.max_tokens, runner.max_batch_tokens or policy.max_tokens),
+                      target_s=policy.target if isinstance(policy, AdaptiveBudget) else None)

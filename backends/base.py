@@ -241,6 +241,12 @@ class Runner(abc.ABC):
     # `rollback` can take back draft tokens (False: a recurrent state, which cannot; no speculative decoding)
     can_rollback: bool = True
 
+    @property
+    def max_seq_tokens(self) -> int:
+        """The most tokens one sequence can hold in this runner's KV: the whole pool where the KV is the engine's
+        paged blocks (torch, MLX); a backend that gives each sequence a fixed share of it says so (llama.cpp)."""
+        return self.num_kv_blocks * self.block_size
+
     @abc.abstractmethod
     def step(self, batch: Batch) -> np.ndarray:
         """One forward pass; float32 logits [len(batch.logits_rows), vocab_size] in span order."""

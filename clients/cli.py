@@ -71,7 +71,10 @@ def cmd_ps(args: argparse.Namespace) -> None:
         except ValueError:
             far = False
         until = "Forever" if far else _ago(m["expires_at"])
-        rows.append([m["name"], m["digest"][:12], _size(size), proc, str(m.get("context_length", "")), until])
+        ctx, pool = str(m.get("context_length", "")), m.get("kv_pool") or {}
+        if pool.get("max_context", 0) > (m.get("context_length") or 0):  # a request's num_ctx up to it: no reload
+            ctx += f" (up to {pool['max_context']})"
+        rows.append([m["name"], m["digest"][:12], _size(size), proc, ctx, until])
     print(_table(rows))
     disk = body.get("kv_cache")
     if disk and disk.get("entries"):

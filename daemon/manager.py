@@ -39,7 +39,8 @@ class Busy(ManagerError):
 
 
 class CannotServe(ManagerError):
-    """The request asks what this model cannot give: a remote model here, a num_ctx over its trained window."""
+    """The request asks what this model cannot give: a remote model here, a num_ctx over its trained window or over
+    what this machine's memory can give one sequence."""
 
 
 class LoadFailed(ManagerError):
@@ -76,12 +77,13 @@ class LoadedModel:
     record: ModelRecord
     runner: Runner
     engine: Any  # evenflow.daemon.engine.Engine
-    context_length: int  # effective num_ctx
+    context_length: int  # the num_ctx it loaded with: a request without one gets its own default (`default_window`)
     load_duration_ns: int
     size: int
     backend: str
     gpu: "GpuOptions" = field(default_factory=lambda: GpuOptions())  # the num_gpu / main_gpu it loaded with
     draft: Runner | None = None  # the draft model's runner (speculative decoding, Modelfile DRAFT)
+    vram_default: int = 4096  # Ollama's default num_ctx for the GPU memory this model runs with
     active: int = 0
     keep_alive: float = 300.0
     expires_at: float = math.inf  # unix seconds; inf while in use or forever
@@ -96,6 +98,17 @@ class LoadedModel:
     @property
     def trained_context(self) -> int:
         return int(self.runner.info.context_length)
+
+    @property
+    def max_context(self) -> int:
+        """The largest num_ctx a request gets without a reload: what one sequence can hold in the KV pool."""
+        return int(self.engine.max_context)
+
+    def default_window(self, default_num_ctx: int) -> int:
+        """A request's window when it names no num_ctx: the model's PARAMETER num_ctx, else the daemon's
+        OLLAMA_CONTEXT_LENGTH (`default_num_ctx`, 0 = unset), else Ollama's default by GPU memory; at most the
+        trained window."""
+        return min(_model_num_ctx(self.record) or default_num_ctx or self.vram_default, self.trained_context)
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,13 @@ def _model_gpu(record: ModelRecord) -> GpuOptions:
     return GpuOptions(pick("num_gpu"), pick("main_gpu"))
 
 
+def check_num_ctx(name: str, num_ctx: int | None, trained: int | None) -> None:
+    """CannotServe for a num_ctx over the model's trained window (when known)."""
+    if num_ctx is not None and trained and num_ctx > trained:
+        raise CannotServe(f"num_ctx {num_ctx} exceeds the context length of model '{name}' ({trained} tokens); "
+                          f"use num_ctx <= {trained}")
+
+
 def _model_num_ctx(record: ModelRecord) -> int | None:
     """The model's PARAMETER num_ctx (Ollama's precedence: a request's num_ctx, then this, then the default)."""
     v = record.params.get("num_ctx")
@@ -130,10 +150,13 @@ def _model_num_ctx(record: ModelRecord) -> int | None:
 
 
 class Lease:
-    """One request's hold on a loaded model; `release()` (or `async with`) starts the keep-alive clock."""
+    """One request's hold on a loaded model and the window its sequence gets (`num_ctx`); `release()` (or
+    `async with`) starts the keep-alive clock."""
 
-    def __init__(self, manager: "ModelManager", model: LoadedModel, keep_alive: float, load_ns: int) -> None:
+    def __init__(self, manager: "ModelManager", model: LoadedModel, keep_alive: float, load_ns: int,
+                 num_ctx: int) -> None:
         self.manager, self.model, self.keep_alive, self.load_duration_ns = manager, model, keep_alive, load_ns
+        self.num_ctx = num_ctx
         self._released = False
 
     def release(self) -> None:
@@ -185,15 +208,14 @@ class ModelManager:
 
     async def acquire(self, name: str, *, keep_alive: float | None = None, num_ctx: int | None = None,
                       gpu: GpuOptions | None = None) -> Lease:
-        """Resolve, load if needed (shared), and hold `name`; a ManagerError (or the resolver's) on failure."""
+        """Resolve, load if needed (shared), and hold `name` for one request whose sequence gets `num_ctx` tokens
+        (None: the model's default window; the lease says which); a ManagerError (or the resolver's) on failure."""
         if self._closing:
             raise ShuttingDown("server is shutting down")
         record = self.resolve(name)
         if record.remote is not None:
             raise CannotServe(f"model '{record.name}' is a remote model; this endpoint cannot serve it")
-        if num_ctx is not None and record.context_length and num_ctx > record.context_length:
-            raise CannotServe(f"num_ctx {num_ctx} exceeds the context length of model '{record.name}' "
-                              f"({record.context_length} tokens); use num_ctx <= {record.context_length}")
+        check_num_ctx(record.name, num_ctx, record.context_length)  # before anything loads
         keep = self.settings.keep_alive if keep_alive is None else keep_alive
         if self._pending >= self.settings.max_queue:
             raise Busy(f"{self._pending} requests are already waiting for a model")
@@ -203,13 +225,19 @@ class ModelManager:
             model = await self._get_loaded(record, num_ctx, (gpu or GpuOptions()).over(_model_gpu(record)))
         finally:
             self._pending -= 1
+        check_num_ctx(model.name, num_ctx, model.trained_context)  # the store may not have known the window
+        # It was loaded for this window (or a larger one) when it cannot hold it: memory allowed no more.
+        window = min(self._window(model, num_ctx), model.max_context)
+        if num_ctx is not None and num_ctx > window:
+            raise CannotServe(f"num_ctx {num_ctx} is more than one sequence of model '{model.name}' can hold in the "
+                              f"KV cache this machine's memory allows ({window} tokens); use num_ctx <= {window}")
         model.active += 1
         model.last_used = time.monotonic()
         model.expires_at = math.inf
         if model.timer is not None:
             model.timer.cancel()
             model.timer = None
-        return Lease(self, model, keep, time.perf_counter_ns() - t0)
+        return Lease(self, model, keep, time.perf_counter_ns() - t0, window)
 
     async def unload(self, name: str) -> bool:
         """Unload now if loaded (waits for in-flight requests to finish)."""
@@ -256,16 +284,14 @@ class ModelManager:
                 # template, system and parameters; running requests keep what they were prepared with.
                 log.info("%s was re-created: the loaded copy takes its new template and parameters", record.name)
                 model.record = record
-            if (model is not None and not self._needs_reload(model, num_ctx) and not gpu.reloads(model.gpu)
-                    and model.record.path == record.path):
+            why = None if model is None else self._reload_reason(model, record, num_ctx, gpu)
+            if model is not None and why is None:
                 return model
             fut = asyncio.get_running_loop().create_future()
             self._loading[record.name] = fut
             try:
-                if model is not None:  # a bigger num_ctx or new weights: wait for its requests, then reload
-                    log.info("reloading %s (num_ctx=%s, loaded with %d; %s, loaded with %s; weights %s)", record.name,
-                             num_ctx, model.context_length, gpu, model.gpu,
-                             "changed" if model.record.path != record.path else "unchanged")
+                if model is not None:  # wait for its requests, then reload
+                    log.info("reloading %s: %s", record.name, why)
                     while model.active:
                         await asyncio.sleep(0.02)
                     await self._drop(model)
@@ -281,10 +307,26 @@ class ModelManager:
             finally:
                 self._loading.pop(record.name, None)
 
-    def _needs_reload(self, model: LoadedModel, num_ctx: int | None) -> bool:
-        # A smaller num_ctx is served by the loaded window (the handler enforces it per request), so a
-        # client that varies num_ctx does not thrash loads; only a larger one must reload.
-        return num_ctx is not None and num_ctx > model.context_length and model.context_length < model.trained_context
+    def _window(self, model: LoadedModel, num_ctx: int | None) -> int:
+        """The window a request's sequence gets on `model`: its num_ctx, else the model's default."""
+        return num_ctx if num_ctx is not None else model.default_window(self.settings.context_length)
+
+    def _reload_reason(self, model: LoadedModel, record: ModelRecord, num_ctx: int | None,
+                       gpu: GpuOptions) -> str | None:
+        """Why the loaded `model` cannot serve this request as it is (None: it can). num_ctx is a per-sequence
+        limit, so a client that varies it does not thrash loads: only a window one sequence cannot hold in the
+        KV pool reloads, and only when the model was loaded for a smaller one (else memory is the limit)."""
+        if model.record.path != record.path:
+            return "its weights changed"
+        if gpu.reloads(model.gpu):
+            return f"{gpu} asked, loaded with {model.gpu}"
+        window = self._window(model, num_ctx)
+        if window > model.max_context and window > model.context_length:
+            pool = model.engine.blocks.num_blocks * model.engine.block_size
+            return (f"num_ctx {window} is more than one sequence can hold in its KV pool ({model.max_context} of "
+                    f"{pool} tokens, {model.runner.kv_layout or 'paged'} layout, loaded for num_ctx "
+                    f"{model.context_length})")
+        return None
 
     async def _make_room(self) -> None:
         limit = self.settings.loaded_model_limit
@@ -301,9 +343,11 @@ class ModelManager:
     async def _load(self, record: ModelRecord, num_ctx: int | None, gpu: GpuOptions) -> LoadedModel:
         s = self.settings
         backend = s.backend if s.backend != "auto" else auto_backend(record.path)
-        want = num_ctx if num_ctx is not None else _model_num_ctx(record) or s.context_length
-        if not want:  # Ollama's default window by total VRAM (reference/ollama-api.md, num_ctx)
-            want = default_context_length(await asyncio.to_thread(total_vram, backend) if gpu.num_gpu != 0 else 0)
+        # Ollama's default window by total VRAM (reference/ollama-api.md, num_ctx)
+        vram_default = default_context_length(await asyncio.to_thread(total_vram, backend) if gpu.num_gpu != 0 else 0)
+        # The pool holds the model's default window per slot, or the request's when larger: requests with or
+        # without a num_ctx of their own then share the loaded model.
+        want = max(num_ctx or 0, _model_num_ctx(record) or s.context_length or vram_default)
         if record.context_length:
             want = min(want, record.context_length)
         # Monolithic prefill puts a whole prompt in one forward: the backend's step limit must cover the window.
@@ -345,14 +389,15 @@ class ModelManager:
         await asyncio.to_thread(engine.warm_disk_cache)
         engine.start()
         model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, _memory_size(record, runner),
-                            backend, gpu, draft)
+                            backend, gpu, draft, vram_default)
         for fn in self._listeners:
             engine.subscribe(fn)
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
                       "context_length": ctx, "load_ms": model.load_duration_ns / 1e6, "size": model.size,
                       "slots": engine.scheduler.slots.size, "kv_tokens": engine.blocks.num_blocks * engine.block_size,
                       "kv_layout": runner.kv_layout, "kv_types": runner.kv_types})
-        log.info("loaded %s in %.2fs (%s, ctx %d)", record.name, model.load_duration_ns / 1e9, backend, ctx)
+        log.info("loaded %s in %.2fs (%s, ctx %d; one sequence holds up to %d tokens)", record.name,
+                 model.load_duration_ns / 1e9, backend, ctx, model.max_context)
         return model
 
     async def _load_draft(self, record: ModelRecord, backend: str, runner: Runner, rs: RunnerSettings) -> Runner | None:
@@ -470,15 +515,6 @@ def _device(backend: str, device: str, gpu: GpuOptions) -> str:
     if gpu.num_gpu == 0:
         return "cpu"
     return f"cuda:{gpu.main_gpu}" if gpu.main_gpu is not None else device
-
-
-def vram_size(model: LoadedModel) -> int:
-    """Bytes of the model in GPU memory (/api/ps size_vram): the runner's own count where it keeps one (llama.cpp:
-    offloaded weights + their KV), else all of it on a CUDA or Metal device, else 0."""
-    vram = model.runner.vram_bytes
-    if vram is None:
-        return model.size if str(model.runner.device).startswith(("cuda", "mps", "gpu")) else 0
-    return min(int(vram), model.size)
 
 
 def _memory_size(record: ModelRecord, runner: Runner) -> int:

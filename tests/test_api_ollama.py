@@ -272,15 +272,6 @@ def test_tools_and_thinking_templates(client: ollama.Client, daemon: Daemon) -> 
     client.delete("tooly")
 
 
-def test_num_ctx_reloads_only_when_larger(client: ollama.Client, daemon: Daemon) -> None:
-    client.generate("tiny", "x", options={"num_predict": 1})
-    assert client.ps().models[0].context_length == 1024
-    client.generate("tiny", "x", options={"num_predict": 1, "num_ctx": 256})  # served by the loaded window
-    assert client.ps().models[0].context_length == 1024
-    client.generate("tiny", "x", options={"num_predict": 1, "num_ctx": 2048})  # must reload
-    assert client.ps().models[0].context_length == 2048
-
-
 def test_lru_eviction_and_demo_model(tmp_path: Path, synthetic_model) -> None:
     d = start_daemon(tmp_path, backend=BACKENDS[0], max_loaded_models="1", no_demo=False)
     try:

@@ -162,5 +162,7 @@ def test_model_parameter_num_ctx_sets_the_window(http: httpx.Client) -> None:
     assert r.status_code == 400 and "context length of model 'demo-6k:latest' is 6000 tokens" in r.json()["error"]
     r = http.post("/api/generate", json={"model": "demo-6k", "prompt": "hi", "stream": False,
                                          "options": {"num_predict": 1, "num_ctx": 8192}})
-    assert r.status_code == 200 and _ps(http)["demo-6k:latest"] == 8192  # the request's num_ctx wins (a reload)
+    # the request's num_ctx wins: a paged KV pool (8 windows) holds it as is, llama.cpp's per-sequence streams reload
+    pool = next(m for m in http.get("/api/ps").json()["models"] if m["name"] == "demo-6k:latest")["kv_pool"]
+    assert r.status_code == 200 and pool["max_context"] >= 8192
     assert http.request("DELETE", "/api/delete", json={"model": "demo-6k"}).status_code == 200

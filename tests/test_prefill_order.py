@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evenflow.daemon.engine.budget import FixedBudget
+from evenflow.daemon.engine.budget import AdaptiveBudget, FixedBudget, StepCost
 from evenflow.daemon.engine.kv import BlockManager
 from evenflow.daemon.engine.params import SamplingParams
 from evenflow.daemon.engine.scheduler import AGING_STEPS, WAIT_PREFILL, WAIT_SLOT, Scheduler, SchedulerConfig
@@ -26,9 +26,10 @@ class Sim:
     """A scheduler driven the way the engine drives it: each step's spans are computed, a sampled token is appended
     for each span that needs logits, and a sequence finishes after `num_predict` tokens."""
 
-    def __init__(self, budget: int = 16, seqs: int = 8, blocks: int = 4096, block_size: int = 4) -> None:
+    def __init__(self, budget: int = 16, seqs: int = 8, blocks: int = 4096, block_size: int = 4,
+                 policy=None) -> None:
         self.bm = BlockManager(blocks, block_size)
-        self.sched = Scheduler(SchedulerConfig("chunked", seqs), self.bm, FixedBudget(budget))
+        self.sched = Scheduler(SchedulerConfig("chunked", seqs), self.bm, policy or FixedBudget(budget))
         self.npred: dict[int, int] = {}
         self.first_token: dict[int, int] = {}
         self.steps = 0
@@ -43,6 +44,8 @@ class Sim:
         plan = self.sched.schedule()
         for span in plan.spans:
             seq = span.seq
+            if seq.t_first_scheduled is None:
+                seq.t_first_scheduled = self.steps  # as the engine marks it
             seq.num_computed += span.num_tokens
             self.bm.commit(seq)
             if span.need_logits:
@@ -184,3 +187,47 @@ def test_random_traffic_keeps_the_scheduler_consistent_under_parking_and_priorit
         sim.step()
         assert sim.steps < 20_000
     assert sim.bm.num_used == 0 and sim.sched.slots.num_free == 3
+
+
+def starved_cost(plan) -> float:
+    """Seconds of a step on a machine where 4 decodes nearly fill a 150 ms target: 20 ms + 31 ms a decode + 10 ms for
+    carrying a chunk + 10 ms per further chunk + 4 ms a prompt token + 10 ns per attended (query, key) pair."""
+    chunks = len(plan.spans) - plan.num_decodes
+    return (0.020 + 0.031 * plan.num_decodes + 0.010 * (chunks > 0) + 0.010 * max(chunks - 1, 0)
+            + 0.004 * plan.prefill_tokens + 1e-8 * plan.attention_work)
+
+
+def test_a_question_runs_whole_in_its_first_step_when_the_budget_is_starved():
+    """Deep into a document the budget gives it only its floor per step (4 decodes already take the target); a
+    one-line question arriving then runs whole in its first step, even behind a document the aging puts first,
+    while a long prompt arriving then gets the floor like the document."""
+    policy = AdaptiveBudget(150, max_tokens=512, tile=1, floor=4, short_prompt=32)
+    sim = Sim(policy=policy)
+
+    def step():
+        plan = sim.step()
+        policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, starved_cost(plan),
+                                len(plan.spans) - plan.num_decodes))
+        return plan
+
+    streams = [sim.add(4, num_predict=10**6) for _ in range(4)]
+    while not all(s.is_decoding for s in streams):
+        step()
+    doc = sim.add(3000, num_predict=1)
+    for _ in range(60):
+        plan = step()
+    assert policy.coef is not None and sim.chunks(plan, doc) == 4  # the floor: 4 decodes take the target
+    for aged in (False, True):
+        if aged:
+            doc.skipped = AGING_STEPS  # passed over long enough: the document goes first this step
+        question = sim.add(20)
+        plan = step()
+        assert sim.chunks(plan, question) == 20 and sim.first_token[question.seq_id] == sim.steps - 1
+        assert sim.chunks(plan, doc) == (4 if aged else 0)
+        while not question.is_finished:
+            step()
+    long_prompt = sim.add(400)
+    plan = step()
+    assert sim.chunks(plan, long_prompt) == 4  # no more than the floor for what one step cannot finish
+    just_over = sim.add(33)  # one token more than a short prompt
+    assert sim.chunks(step(), just_over) == 4

@@ -205,6 +205,8 @@ class LlamaCppRunner(Runner):
         # llama.cpp may pad n_ctx; the scheduler must never count more than the cache really holds
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
         self.num_kv_blocks = self.n_ctx // self.block_size
+        # what one sequence can hold: its own stream (n_ctx / sequences), or the whole unified cache
+        self._seq_tokens = min(int(L.llama_n_ctx_seq(self._ctx)), self.num_kv_blocks * self.block_size)
         self._mem = L.llama_get_memory(self._ctx)
         remove = lambda seq, p0, p1: L.llama_memory_seq_rm(self._mem, seq, p0, p1)  # noqa: E731
         self._cells: PrefixCells | StreamCells
@@ -228,6 +230,10 @@ class LlamaCppRunner(Runner):
             self.n_threads, self.extra_bufts, self.placement.gpu_layers, self.info.block_count + 1,
             self.vram_bytes / (1 << 30), ", ".join(d.name for d in self.placement.devices) or "no GPU",
         )
+
+    @property
+    def max_seq_tokens(self) -> int:
+        return self._seq_tokens
 
     def _choose_layout(self, n_ctx: int, setting: str | None) -> str:
         """streams when the pool gives every slot a full window (each stream is one), else unified."""

@@ -31,6 +31,7 @@ class StepCost:
 class BudgetPolicy(Protocol):
     floor: int  # the smallest chunk worth a step (ingestion always progresses by at least this)
     max_tokens: int  # no step carries more tokens than this, decodes included
+    short_prompt: int  # a new request with at most this many prompt tokens to compute runs whole in its first step
 
     def prefill_budget(self, num_decodes: int, work: int, prefill_start: int = 0, quad: float = 0.5,
                        planned: int = 0, spans: int = 0) -> int:
@@ -47,6 +48,7 @@ class FixedBudget:
     """A fixed token budget per step shared by decodes and prompt chunks."""
 
     floor = 1
+    short_prompt = 0  # the budget is fixed: a prompt gets what it leaves
 
     def __init__(self, max_num_batched_tokens: int) -> None:
         self.max_tokens = max_num_batched_tokens
@@ -90,12 +92,13 @@ class AdaptiveBudget:
     """
 
     def __init__(self, target_ms: float, max_tokens: int, tile: int = 16, floor: int = 16, window: int = 96,
-                 margin: float = 0.97) -> None:
+                 margin: float = 0.97, short_prompt: int = 0) -> None:
         if target_ms <= 0:
             raise ValueError(f"target_ms must be > 0, got {target_ms}")
         self.target = target_ms / 1e3
         self.max_tokens = max_tokens
         self.floor = max(1, min(floor, max_tokens))
+        self.short_prompt = max(0, min(short_prompt, max_tokens))
         self.margin = margin
         self.tile = max(1, tile)
         self._rows: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)

@@ -93,7 +93,10 @@ class Engine:
                             runner.max_batch_tokens, runner.shared_kv),
             self.blocks, self.policy,
             on_release=self._release_slot)
-        self.context_length = min(self.config.context_length or runner.info.context_length, runner.info.context_length)
+        # One sequence's limit: what the runner's KV can give it (a llama.cpp stream, a paged pool) and the trained
+        # window; a request names its own below that (its num_ctx), else it gets `context_length`.
+        self.max_context = min(runner.max_seq_tokens, runner.info.context_length)
+        self.context_length = min(self.config.context_length or runner.info.context_length, self.max_context)
         self.eos_ids = set(runner.tokenizer.eos_ids)
         self._eos_index = np.array(sorted(e for e in self.eos_ids if 0 <= e < runner.info.vocab_size), dtype=np.int64)
         self.grammars = GrammarCompiler(runner.tokenizer, runner.info.vocab_size)
@@ -120,18 +123,23 @@ class Engine:
     def submit(self, prompt_ids: list[int], params: SamplingParams, *, user: dict | None = None,
                loop: asyncio.AbstractEventLoop | None | str = "auto",
                constraint: Constraint | None = None, logprobs: int | None = None, priority: int = 0,
-               embeds: list[EmbedSpan] | None = None, progress: bool = False) -> RequestStream:
+               embeds: list[EmbedSpan] | None = None, context_length: int | None = None,
+               progress: bool = False) -> RequestStream:
         """`constraint`: from `self.grammars.compile(...)`, owned by this sequence from now on. `logprobs`:
         None, or report each token's log-probability with that many top alternatives (0..20). `priority`: lower
-        is scheduled sooner (0 normal; see scheduler.py for how it orders prompts). `progress`: the stream also
-        gets prompt progress reports (Delta.progress) until the prompt is computed (engine/progress.py)."""
+        is scheduled sooner (0 normal; see scheduler.py for how it orders prompts). `context_length`: this
+        sequence's limit (prompt + output; a request's num_ctx), at most `max_context`; None: `context_length`.
+        `progress`: the stream also gets prompt progress reports (Delta.progress) until the prompt is computed
+        (engine/progress.py)."""
         return self.submit_group(prompt_ids, [params], user=user, loop=loop, constraint=constraint,
-                                 logprobs=logprobs, priority=priority, embeds=embeds, progress=progress)[0]
+                                 logprobs=logprobs, priority=priority, embeds=embeds,
+                                 context_length=context_length, progress=progress)[0]
 
     def submit_group(self, prompt_ids: list[int], params: list[SamplingParams], *, user: dict | None = None,
                      loop: asyncio.AbstractEventLoop | None | str = "auto", constraint: Constraint | None = None,
                      logprobs: int | None = None, priority: int = 0,
-                     embeds: list[EmbedSpan] | None = None, progress: bool = False) -> list[RequestStream]:
+                     embeds: list[EmbedSpan] | None = None, context_length: int | None = None,
+                     progress: bool = False) -> list[RequestStream]:
         """One sequence per `params` over the same prompt (n > 1). With prefix caching the first computes the
         prompt and the others are admitted once it has, sharing its KV blocks; each gets its own fork of
         `constraint`."""
@@ -143,9 +151,13 @@ class Engine:
             raise ValueError("a group needs at least one sequence")
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}")
+        window = self.context_length if context_length is None else context_length
+        if not 0 < window <= self.max_context:
+            raise ValueError(f"context length {window} is outside what one sequence can hold here "
+                             f"(1 to {self.max_context} tokens)")
         n = len(prompt_ids)
-        if n >= self.context_length:
-            raise PromptTooLong(f"the prompt is {n} tokens but the context window is {self.context_length} "
+        if n >= window:
+            raise PromptTooLong(f"the prompt is {n} tokens but the context window is {window} "
                                 f"(it must leave room for at least one generated token)")
         if blocks_for(n + 1, self.block_size) > self.blocks.num_blocks:
             raise PromptTooLong(f"the prompt is {n} tokens but the KV cache holds only "
@@ -164,7 +176,7 @@ class Engine:
                 loop = None
         group = []
         for i, p in enumerate(params):
-            seq = Sequence(prompt_ids, p, self.context_length, user=user, priority=priority, embeds=embeds)
+            seq = Sequence(prompt_ids, p, window, user=user, priority=priority, embeds=embeds)
             seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
             c = constraint if i == 0 or constraint is None else constraint.fork()
             seq.report_progress = progress and i == 0  # the others share the first one's prompt
@@ -225,7 +237,8 @@ class Engine:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.blocks.num_used,
                            self.blocks.num_blocks, self.steps, self.block_size, self.blocks.num_cached,
                            self.cache_hit_tokens, self.cache_query_tokens, self.blocks.fallback_tokens,
-                           self.decode_passes, spec.drafted if spec else 0, spec.accepted if spec else 0)
+                           self.decode_passes, spec.drafted if spec else 0, spec.accepted if spec else 0,
+                           self.blocks.num_cached_free)
 
     def run_once(self) -> bool:
         """Handle queued calls and run one step in the caller's thread (tests, benchmarks; no loop thread).

@@ -18,7 +18,7 @@ IGNORED_OPTIONS = frozenset(
         "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
         "mirostat", "mirostat_tau", "mirostat_eta", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
         "penalize_newline", "numa", "tfs_z", "embedding_only",
-        "priority",  # scheduling, not sampling: read by the API layer (daemon/api/prepare.py)
+        "priority",  # scheduling, not sampling: read by the API layer (daemon/api/pipeline/options.py)
         "draft_model",  # a model setting (Modelfile DRAFT): the manager loads it beside the model
     }
 )

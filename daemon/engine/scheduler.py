@@ -6,9 +6,11 @@ One rule covers prefill, chunking and recompute after preemption (as in vLLM v1)
 Who gets the prompt budget (running partial prefills and queued requests alike, one order): the request's priority,
 then the least prompt left to compute (shortest remaining prefill first: a user's next question overtakes a
 document being ingested), then arrival. Aging bounds the wait: a prompt passed over `AGING_STEPS` steps in a row goes
-first (the oldest of such first; background priorities wait longer), and a request's first step always brings it a chunk of at
-least the budget's floor. A queued request that outranks a running prefill by far takes its slot when none is free;
-the prefill's computed blocks stay in the prefix cache, so it resumes where it stopped when a slot frees.
+first (the oldest of such first; background priorities wait longer), and a request's first step always brings it a
+chunk of at least the budget's floor, or its whole prompt when that is short (the policy's `short_prompt`): a user's
+next question gets its first token one step after it arrives, whatever the budget leaves and whatever goes first.
+A queued request that outranks a running prefill by far takes its slot when none is free; the prefill's computed
+blocks stay in the prefix cache, so it resumes where it stopped when a slot frees.
 """
 from __future__ import annotations
 
@@ -253,8 +255,9 @@ class Scheduler:
             # Whole prompts only; at least one per step even if it exceeds the budget.
             n = left if not plan.prefill_tokens or left <= offer else 0
         else:
-            if offer <= 0 and seq.t_first_scheduled is None:  # a request's first step always brings it a chunk
-                offer = min(self.policy.floor, self.policy.max_tokens - plan.num_tokens)
+            if seq.t_first_scheduled is None:  # a request's first step brings it a chunk: all of a short prompt
+                room = self.policy.max_tokens - plan.num_tokens
+                offer = max(offer, min(left if left <= self.policy.short_prompt else self.policy.floor, room))
             n = min(left, offer, self.config.max_prefill_chunk or left)
         # never exceed the backend's per-forward limit (a monolithic prompt beyond it is split there)
         n = n if hard_left is None else min(n, hard_left - plan.prefill_tokens)

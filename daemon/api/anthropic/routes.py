@@ -18,7 +18,7 @@ from .. import remote
 from ..http.errors import APIError, parse_body
 from ..pipeline import generation, prepare, prompting
 from ..pipeline.generation import Generate
-from ..pipeline.options import check_num_ctx, sampling_params
+from ..pipeline.options import sampling_params
 from ..pipeline.plan import Plan
 from ..pipeline.prepare import Prepared
 from ..pipeline.prompt_size import ContextOverflow
@@ -40,18 +40,17 @@ def plan(req: MessagesRequest) -> Plan:
 
 
 def _render(model: LoadedModel, conv: Conversation,
-            fit: bool | None = None) -> tuple[prepare.ChatPrompt, bool | str | None, int]:
-    """The chat prompt as /api/chat renders it (`fit` False: a ContextOverflow when it does not fit the window;
-    None: as it is, to count it), the think setting and the window."""
+            window: int, fit: bool | None = None) -> tuple[prepare.ChatPrompt, bool | str | None]:
+    """The chat prompt as /api/chat renders it for a `window`-token context (`fit` False: a ContextOverflow when it
+    does not fit; None: as it is, to count it) and the think setting."""
     think = conv.think
     if think is None and conv.effort and prompting.thinking_tags(model):
         think = conv.effort  # output_config.effort: a level for a model that thinks, nothing for one that does not
     think = prompting.resolve_think(model, think)
-    window = check_num_ctx(model, None)
     given = [m.get("images") or [] for m in conv.messages]
     messages = [{k: v for k, v in m.items() if k != "images"} for m in conv.messages]
     messages, images = prepare.message_images(model, model.name, messages, given)
-    return prepare.chat_prompt(model, messages, conv.tools, think, window, images, fit), think, window
+    return prepare.chat_prompt(model, messages, conv.tools, think, window, images, fit), think
 
 
 def tool_grammar(model: LoadedModel, tools: list[dict[str, Any]]) -> str:
@@ -77,11 +76,11 @@ def params(model: LoadedModel, req: MessagesRequest) -> SamplingParams:
                            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
 
 
-def prepare_messages(model: LoadedModel, req: MessagesRequest, conv: Conversation) -> Prepared:
+def prepare_messages(model: LoadedModel, req: MessagesRequest, window: int, conv: Conversation) -> Prepared:
     """/v1/messages: the conversation rendered as /api/chat would, its sampling, a forced tool call's grammar. Too
     long for the window: Anthropic's `prompt is too long: N tokens > M maximum` (nothing is dropped)."""
     try:
-        cp, think, window = _render(model, conv, fit=False)
+        cp, think = _render(model, conv, window, fit=False)
     except ContextOverflow as e:
         raise e.as_anthropic() from None
     grammar = tool_grammar(model, conv.forced) if conv.forced else prepare.check_format(conv.schema)
@@ -101,8 +100,8 @@ async def messages(request: Request) -> Response:
     return await generation.generate(request, MESSAGES, req, t0)
 
 
-def _count(model: LoadedModel, conv: Conversation) -> int:
-    return len(_render(model, conv)[0].ids)
+def _count(model: LoadedModel, conv: Conversation, window: int) -> int:
+    return len(_render(model, conv, window)[0].ids)
 
 
 @router.post("/messages/count_tokens")
@@ -118,7 +117,7 @@ async def count_tokens(request: Request) -> JSONResponse:
     ctx = context(request)
     lease = await ctx.manager.acquire(req.model)
     try:
-        n = await ctx.workers.run(request, _count, lease.model, conv)
+        n = await ctx.workers.run(request, _count, lease.model, conv, lease.num_ctx)
     finally:
         lease.release()
     return JSONResponse({"input_tokens": n})

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...context import context
-from ...manager import vram_size
+from ...model_report import kv_pool, vram_size
 from .. import remote
 from ..http.errors import APIError, parse_body
 from ..http.wire import rfc3339
@@ -122,7 +122,8 @@ async def ps(request: Request) -> JSONResponse:
         details["parent_model"] = ""
         out.append({"name": m.name, "model": m.name, "size": m.size, "digest": m.record.digest,
                     "details": details, "expires_at": rfc3339(m.expires_at), "size_vram": vram_size(m),
-                    "context_length": m.context_length})
+                    # the window it loaded for; a request's num_ctx up to kv_pool.max_context needs no reload
+                    "context_length": min(m.context_length, m.max_context), "kv_pool": kv_pool(m)})
     out += await remote.ps_rows(request)
     body: dict[str, Any] = {"models": out}
     if ctx.manager.kv_disk is not None:  # evenflow's own: the disk KV cache (Ollama's clients ignore the key)

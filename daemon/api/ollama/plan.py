@@ -17,7 +17,7 @@ def generate(req: GenerateRequest) -> Plan:
     if req.images and len(req.images) > MAX_IMAGES:
         raise APIError(400, f"too many images: at most {MAX_IMAGES} per request")
     keep_alive, num_ctx = parse_keep_alive(req.keep_alive), requested_num_ctx(req.options)
-    return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.prompt and not req.suffix)
+    return Plan(req.stream is not False, keep_alive, num_ctx, load_only=not req.prompt and not req.suffix)
 
 
 def chat(req: ChatRequest) -> Plan:
@@ -25,7 +25,7 @@ def chat(req: ChatRequest) -> Plan:
     keep_alive, num_ctx = parse_keep_alive(req.keep_alive), requested_num_ctx(req.options)
     if req.messages and sum(len(m.images or ()) for m in req.messages) > MAX_IMAGES:
         raise APIError(400, f"too many images: at most {MAX_IMAGES} per request")
-    return Plan(req.stream is not False, keep_alive, num_ctx, (num_ctx,), load_only=not req.messages)
+    return Plan(req.stream is not False, keep_alive, num_ctx, load_only=not req.messages)
 
 
 def embed_inputs(req: EmbedRequest) -> list[str]:

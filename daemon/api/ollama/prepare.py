@@ -6,7 +6,7 @@ from ...engine.params import SamplingParams
 from ...manager import LoadedModel
 from ..pipeline import images as image_input
 from ..pipeline import overflow, prompt_size, prompting
-from ..pipeline.options import check_num_ctx, options_priority, sampling_params
+from ..pipeline.options import options_priority, sampling_params
 from ..pipeline.prepare import Prepared, chat_prompt, check_format, encode_prompt, finish, message_images
 from ..pipeline.prompt_size import ContextOverflow
 from .plan import ollama_logprobs
@@ -16,11 +16,11 @@ OPEN_ENDED_WINDOWS = 10  # with `shift`, num_predict -1 stops after this many wi
 NOT_TRUNCATED = "; `truncate` is false: nothing was dropped to fit"
 
 
-def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:
+def generate(model: LoadedModel, req: GenerateRequest, window: int) -> Prepared:
     """/api/generate: the request's template (or the model's), raw mode, `context` ids prepended; a prompt too long
-    for the window keeps its start and end (`truncate`, on by default), as Ollama's runner does."""
+    for the window keeps its start and end (`truncate`, on by default), as Ollama's runner does. `window`: the
+    request's context length (its num_ctx or the model's default, as the model manager settled it)."""
     grammar = check_format(req.format)
-    window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     prompt = req.prompt or ""
     images: list[bytes] = []
@@ -69,11 +69,10 @@ def shift(params: SamplingParams, shift: bool | None, window: int) -> None:
         params.num_predict = OPEN_ENDED_WINDOWS * window
 
 
-def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
+def chat(model: LoadedModel, req: ChatRequest, window: int) -> Prepared:
     """/api/chat: the model's chat template over the request's messages and tools; a chat too long for the window
     loses its oldest turns (`truncate`, on by default)."""
     grammar = check_format(req.format)
-    window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     tools = req.tools or None
     msgs, images = message_images(model, req.model, [m.as_template_dict() for m in req.messages or []],

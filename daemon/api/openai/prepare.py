@@ -10,7 +10,7 @@ from ...engine.params import SamplingParams
 from ...manager import LoadedModel
 from ..http.errors import APIError
 from ..pipeline import overflow, prompt_size, prompting
-from ..pipeline.options import check_num_ctx, request_priority, sampling_params
+from ..pipeline.options import request_priority, sampling_params
 from ..pipeline.prepare import Prepared, chat_prompt, check_format, finish, message_images
 from ..pipeline.prompt_size import ContextOverflow
 from .request import ChatCompletionRequest, CompletionRequest
@@ -96,7 +96,7 @@ def completion_logprobs(req: CompletionRequest) -> int | None:
     return v
 
 
-def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: list[dict[str, Any]],
+def chat_completion(model: LoadedModel, req: ChatCompletionRequest, window: int, messages: list[dict[str, Any]],
                     think: bool | str | None, what: str = "messages") -> Prepared:
     """/v1/chat/completions: `messages` already converted to the template's shape, `think` from reasoning_effort.
     A chat too long for the window is OpenAI's context_length_exceeded (`what`: the param it names), unless the
@@ -104,7 +104,6 @@ def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: li
     grammar = response_format_grammar(req.response_format)
     think = prompting.resolve_think(model, think)
     tools = req.tools or None
-    window = check_num_ctx(model, None)
     truncate = openai_truncation(req.truncation)
     given = [m.get("images") or [] for m in messages]
     messages = [{k: v for k, v in m.items() if k != "images"} for m in messages]
@@ -121,10 +120,9 @@ def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: li
     return prep
 
 
-def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
+def completion(model: LoadedModel, req: CompletionRequest, window: int) -> Prepared:
     """/v1/completions: the prompt as written (Ollama sends it raw), or the template when there is a suffix; too long
     for the window: context_length_exceeded, or with `truncation: "auto"` its start and end (as /api/generate)."""
-    window = check_num_ctx(model, None)
     truncate = openai_truncation(req.truncation)
     limit = prompt_size.char_limit(model, window, len(req.prompt) + len(req.suffix or ""))
     params = openai_params(req, model)

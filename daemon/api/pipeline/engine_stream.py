@@ -77,7 +77,7 @@ async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint
     try:
         streams = engine.submit_group(prep.prompt_ids, params, user=user, constraint=prep.constraint,
                                       logprobs=prep.logprobs, priority=prep.priority, embeds=prep.embeds,
-                                      progress=prep.progress)
+                                      progress=prep.progress, context_length=prep.window)
     except PromptTooLong as e:
         raise APIError(400, str(e)) from None
     except QueueFull:

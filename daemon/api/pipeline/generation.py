@@ -38,7 +38,7 @@ class Generate:
 
     endpoint: str
     plan: Callable[[Any], Plan]
-    prepare: Callable[..., Prepared]  # (model, request, *plan.args), run in the worker pool
+    prepare: Callable[..., Prepared]  # (model, request, window, *plan.args), run in the worker pool
     reply: Callable[[Any, LoadedModel, Prepared], Reply]
     wire: Wire
     loaded: Callable[[str, str], dict[str, Any]] | None = None  # (name, "load"/"unload"): an empty request's answer
@@ -71,7 +71,7 @@ async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Respo
         return JSONResponse(await _load_only(ctx, kind, req.model, plan.keep_alive, gpu))
     lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=gpu)
     try:
-        prep = await ctx.workers.run(request, kind.prepare, lease.model, req, *plan.args)
+        prep = await ctx.workers.run(request, kind.prepare, lease.model, req, lease.num_ctx, *plan.args)
         prep.progress = prep.progress and plan.stream  # progress is for streams only
         chunks = await engine_stream(request, lease, prep, kind.endpoint, t0)
     except BaseException:
@@ -108,7 +108,8 @@ async def embed(request: Request, kind: Embed, req: Any, t0: int) -> Response:
     vectors, tokens = [], 0
     try:
         for text in plan.inputs:
-            ids = await ctx.workers.run(request, prepare.embed_input, lease.model, text, plan.truncate)
+            ids = await ctx.workers.run(request, prepare.embed_input, lease.model, text, plan.truncate,
+                                        lease.num_ctx)
             vectors.append(await embed_ids(lease, ids))
             tokens += len(ids)
     finally:

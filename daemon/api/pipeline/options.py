@@ -1,5 +1,6 @@
-"""A request's options as typed values, a 400 for a bad one: keep_alive, num_ctx and the window, sampling
-parameters, logprobs, priority. Plain functions of the request (and of the loaded model for the window)."""
+"""A request's options as typed values, a 400 for a bad one: keep_alive, num_ctx (the model manager settles the
+window), fitting a prompt to the window, sampling parameters, logprobs, priority. Plain functions of the request
+(and of the loaded model for the window)."""
 from __future__ import annotations
 
 import json
@@ -64,24 +65,12 @@ def sampling_params(options: dict[str, Any] | None, defaults: dict[str, Any] | N
         raise APIError(400, f"invalid options: {e}") from None
 
 
-def check_num_ctx(model: LoadedModel, num_ctx: int | None) -> int:
-    """The window this request gets; 400 when it asks for more than the model was trained on."""
-    if num_ctx is None:
-        return model.context_length
-    if num_ctx > model.trained_context:
-        raise APIError(400, f"num_ctx {num_ctx} exceeds the context length of model '{model.name}' "
-                            f"({model.trained_context} tokens); use num_ctx <= {model.trained_context}")
-    return min(num_ctx, model.context_length)
-
-
 def fit_to_context(prompt_ids: list[int], params: SamplingParams, ctx: int, model: LoadedModel) -> None:
-    """400 for a prompt that does not fit; caps num_predict when this request's num_ctx is below the window."""
+    """400 for a prompt that does not fit the request's window `ctx`. Generation past it is the engine's: the
+    sequence's own limit (its num_ctx) ends it with "length" or shifts it (`shift`)."""
     n = len(prompt_ids)
     if n >= ctx:
         raise ContextOverflow(model.name, ctx, model.trained_context, n)
-    if ctx < model.context_length:
-        room = ctx - n
-        params.num_predict = room if params.num_predict < 0 else min(params.num_predict, room)
 
 
 PRIORITY_NAMES = {"interactive": -1, "normal": 0, "background": 1}

@@ -14,8 +14,8 @@ class Plan:
 
     stream: bool
     keep_alive: float | None = None
-    num_ctx: int | None = None
-    args: tuple[Any, ...] = ()  # the prepare step's arguments after the model and the request
+    num_ctx: int | None = None  # the request's own window (Ollama's option); None: the model's default
+    args: tuple[Any, ...] = ()  # the prepare step's arguments after the model, the request and the window
     load_only: bool = False  # Ollama's empty prompt or messages: load the model (unload it with keep_alive 0)
 
 

@@ -163,10 +163,10 @@ def chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list[
     return ChatPrompt(fitted.text, ids, embeds, cut)
 
 
-def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:
+def embed_input(model: LoadedModel, text: str, truncate: bool, window: int) -> list[int]:
     """One embedding input's ids, cut to the window when `truncate`; 400 otherwise or when nothing is left."""
     cancel.checkpoint()
-    ctx = model.context_length
+    ctx = min(window, model.context_length)  # the runner's embedding context is the window it loaded with
     limit = prompt_size.char_limit(model, ctx, len(text))
     if limit is not None and len(text) > limit and not truncate:
         raise APIError(400, "the input length exceeds the context length")

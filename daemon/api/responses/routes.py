@@ -273,9 +273,9 @@ def _plan(call: ResponsesCall) -> Plan:
     return plan.chat_completion(call.chat)
 
 
-def _prepare(model: LoadedModel, call: ResponsesCall, msgs: list[dict[str, Any]],
+def _prepare(model: LoadedModel, call: ResponsesCall, window: int, msgs: list[dict[str, Any]],
              think: bool | str | None) -> Prepared:
-    return prepare.chat_completion(model, call.chat, msgs, think, what="input")
+    return prepare.chat_completion(model, call.chat, window, msgs, think, what="input")
 
 
 RESPONSES = Generate("/v1/responses", _plan, _prepare, ResponsesReply, RESPONSES_SSE)

@@ -139,7 +139,7 @@ MISTRAL = Family(("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), (), True, "<s>",
 
 
 def family_for(architecture: str) -> Family:
-    """The tokenizer family of an architecture (llama, mistral, qwen2, qwen3)."""
+    """The tokenizer family of an architecture."""
     if architecture == "llama":
         return LLAMA3
     if architecture == "mistral":
@@ -148,7 +148,12 @@ def family_for(architecture: str) -> Family:
         return CHATML
     if architecture == "qwen3":
         return QWEN3
-    raise ValueError(f"architecture {architecture!r} has no tokenizer family; allowed: llama, mistral, qwen2, qwen3")
+    from .arch_families import FAMILIES  # the GGUF-only architectures' (archs.py)
+
+    if architecture in FAMILIES:
+        return FAMILIES[architecture]
+    raise ValueError(f"architecture {architecture!r} has no tokenizer family; allowed: llama, mistral, qwen2, qwen3, "
+                     f"{', '.join(FAMILIES)}")
 
 
 # Pure-Python stdlib modules present on CPython 3.10-3.13; their sources are the training corpus.

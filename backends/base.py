@@ -213,6 +213,11 @@ class Runner(abc.ABC):
     device: Any = "cpu"  # where it computes: str(device) starting with "cpu" gives the engine CPU defaults
     kv_layout: str | None = None  # how the KV is laid out, where a backend has a choice (llama.cpp: streams | unified)
     kv_types: tuple[str, str] | None = None  # (K, V) element type names, where a backend reports them
+    # None: the KV can be cut at any position. A number: the model keeps a recurrent state (SSM, convolution, linear
+    # attention) that a prefix hit can only resume where the runner saved one, at block boundaries: the scheduler then
+    # ends prompt chunks on block boundaries at most this many tokens apart, and a prompt's last chunk at its last
+    # full block (see `resumable_prefix`).
+    checkpoint_every: int | None = None
     vision: "VisionEncoder | None" = None  # images in: set at load when the model has a projector (llama.cpp)
     vision_error: str | None = None  # why a model with a projector cannot take images here (e.g. no libmtmd)
 
@@ -242,6 +247,12 @@ class Runner(abc.ABC):
 
     def servable_prefix(self, blocks: list[int]) -> int:
         """How many leading blocks of a cached prefix (a hit at admission) this runner can still serve."""
+        return len(blocks)
+
+    def resumable_prefix(self, blocks: list[int]) -> int:
+        """How many leading blocks of a servable cached prefix a new sequence can resume from: all of them where the KV
+        can be cut anywhere; a recurrent model's, up to its last saved state. The rest is recomputed (and stays
+        cached: another prompt may resume further along it)."""
         return len(blocks)
 
     def reset_prefix_cache(self) -> None:

@@ -29,6 +29,7 @@ from .embedder import Embedder
 from .gguf_info import GGUFHeader, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
 from .prefix import PrefixCells
+from .recurrent import RecurrentStates, pack_prefix, unpack_prefix
 from .streams import StreamCells
 from .tokenizer import LlamaCppTokenizer
 
@@ -41,6 +42,11 @@ _GGML_TYPES = {"f32": (0, 4), "f16": (1, 2), "bf16": (30, 2), "q8_0": (8, 34 / 3
 _KV_TYPES = {"auto": "f16", "float16": "f16", "float32": "f32", "bfloat16": "bf16"}  # settings.dtype -> KV type
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
 PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
+# ... with a recurrent model, fewer: llama.cpp gives every sequence id a recurrent state's memory, holders included
+RECURRENT_HOLDERS = 8
+# a recurrent model's prompt chunks end on block boundaries at most this many tokens apart (its checkpoints: a prefix
+# hit resumes from the last one before it; llama.cpp runs a step in micro-batches of 512 tokens anyway)
+CHECKPOINT_EVERY = 512
 KV_ENV = "EVENFLOW_LLAMACPP_KV"
 KV_LAYOUTS = ("auto", "streams", "unified")
 
@@ -189,17 +195,21 @@ class LlamaCppRunner(Runner):
                                                   self.placement.budget_bytes, self.placement.dedicated_pool)
         self.kv_layout = self._choose_layout(n_ctx, settings.kv_layout)
         self.shared_kv = self.kv_layout == "unified"
+        recurrent = bool(L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
         # unified: spare sequence ids hold finished sequences' cells for the prefix cache (one per cached
         # conversation); an id costs no KV memory, but llama.cpp sizes its logits buffer by n_seq_max rows.
         # streams: a finished sequence's cells stay in its own stream instead.
-        self._holder_ids = (min(PREFIX_HOLDERS, int(L.llama_max_parallel_sequences()) - self.max_num_seqs)
-                            if self.shared_kv else 0)
+        self._holder_ids = (min(RECURRENT_HOLDERS if recurrent else PREFIX_HOLDERS,
+                                int(L.llama_max_parallel_sequences()) - self.max_num_seqs) if self.shared_kv else 0)
         self._ctx = self._new_context(n_ctx, settings)
         # llama.cpp may pad n_ctx; the scheduler must never count more than the cache really holds
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
         self.num_kv_blocks = self.n_ctx // self.block_size
         self._mem = L.llama_get_memory(self._ctx)
-        remove = lambda seq, p0, p1: L.llama_memory_seq_rm(self._mem, seq, p0, p1)  # noqa: E731
+        # a hybrid model's recurrent states: saved at block boundaries, a prefix hit resumes from one (recurrent.py)
+        self._states = RecurrentStates(self._ctx, self.block_size, self.max_num_seqs, 0) if recurrent else None
+        self.checkpoint_every = CHECKPOINT_EVERY if recurrent else None
+        remove = self._remove
         self._cells: PrefixCells | StreamCells
         if self.shared_kv:
             self._cells = PrefixCells(self.max_num_seqs, self._holder_ids, self.block_size, remove,
@@ -221,6 +231,16 @@ class LlamaCppRunner(Runner):
             self.n_threads, self.extra_bufts, self.placement.gpu_layers, self.info.block_count + 1,
             self.vram_bytes / (1 << 30), ", ".join(d.name for d in self.placement.devices) or "no GPU",
         )
+
+    def _remove(self, seq: int, p0: int, p1: int) -> bool:
+        """Remove positions [p0, p1) of `seq`'s cells; a recurrent state goes first where only part of them do (llama.cpp
+        refuses to cut a sequence that has one, and it would be stale anyway)."""
+        if self._states is not None and (p0 > 0 or p1 >= 0):
+            self._states.clear(seq)
+        if L.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            return True
+        log.error("llama.cpp refused to remove positions [%d, %d) of sequence %d", p0, p1, seq)
+        return False
 
     def _choose_layout(self, n_ctx: int, setting: str | None) -> str:
         """streams when the pool gives every slot a full window (each stream is one), else unified."""
@@ -337,6 +357,8 @@ class LlamaCppRunner(Runner):
         else:
             seqs = self._cells.place((s.slot, s.start_pos, s.length, s.block_table) for s in spans)
             order = micro_batch_order(spans, seqs)
+        if self._states is not None:  # a sequence starting on a cached prefix resumes from its checkpoint
+            self._states.resume(self._mem, spans, seqs)
         tok = np.asarray(batch.token_ids, dtype=np.int32)
         pos = np.asarray(batch.positions, dtype=np.int32)
         rows = [i for i, s in enumerate(spans) if s.need_logits]
@@ -348,6 +370,8 @@ class LlamaCppRunner(Runner):
             decode_with_embeddings(self, order, spans, seqs, tok, pos, result, row_of, batch)
         else:
             self._decode(order, spans, seqs, tok, pos, result, row_of, batch)
+        if self._states is not None:
+            self._states.after_step(spans, seqs)
         return result
 
     def _decode(self, order: list[int], spans: list, seqs: list[int], tok: np.ndarray, pos: np.ndarray,
@@ -399,12 +423,19 @@ class LlamaCppRunner(Runner):
         if not 0 <= slot < self.max_num_seqs:
             raise ValueError(f"slot {slot} outside [0, {self.max_num_seqs})")
         if self._ctx is not None:
+            if self._states is not None:  # kept cells hold no recurrent state: checkpoints are what hits resume from
+                seq = slot if self.shared_kv else self._cells.stream_of(slot)
+                if seq is not None:
+                    self._states.clear(seq)
+                self._states.release(slot)
             self._cells.free(slot)
 
     def drop_blocks(self, blocks: list[int]) -> None:
         """Remove the cells of blocks the engine will not read again (freed uncached, or evicted)."""
         if self._ctx is not None:
             self._cells.drop_blocks(blocks)
+            if self._states is not None:
+                self._states.drop(blocks)
 
     def take_uncached(self) -> list[int]:
         """Blocks whose cells went (a dropped holder, a parked stream taken over): no longer cached."""
@@ -414,13 +445,22 @@ class LlamaCppRunner(Runner):
         """How many leading blocks of a cached prefix this runner can hand a new sequence."""
         return self._cells.servable(blocks) if self._ctx is not None else 0
 
+    def resumable_prefix(self, blocks: list[int]) -> int:
+        """A recurrent model resumes a prefix only where a checkpoint of its state was saved."""
+        return len(blocks) if self._states is None else self._states.resumable(blocks)
+
     def reset_prefix_cache(self) -> None:
         if self._ctx is not None:
             self._cells.reset()
+            if self._states is not None:
+                self._states.reset()
 
     def kv_signature(self) -> dict:
-        return {"backend": self.backend, "block_size": self.block_size, "kv_types": list(self.kv_types),
-                "kv_layout": self.kv_layout, "flash_attn": self._flash_attn, "llama_cpp": llama_cpp.__version__}
+        sig = {"backend": self.backend, "block_size": self.block_size, "kv_types": list(self.kv_types),
+               "kv_layout": self.kv_layout, "flash_attn": self._flash_attn, "llama_cpp": llama_cpp.__version__}
+        if self._states is not None:  # the payload carries checkpoints too (recurrent.pack_prefix)
+            sig["recurrent_states"] = 1
+        return sig
 
     def export_prefix(self, blocks: list[int]) -> bytes | None:
         """llama.cpp's state of the sequence whose cells hold the prefix (cells past it go at import)."""
@@ -430,7 +470,10 @@ class LlamaCppRunner(Runner):
         size = L.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         got = L.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return ctypes.string_at(buf, got) if got else None
+        if not got:
+            return None
+        data = ctypes.string_at(buf, got)
+        return data if self._states is None else pack_prefix(data, self._states.along(blocks))
 
     def import_prefix(self, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
         """Into a free stream (or holder id), trimmed to the prefix; parked there as a finished sequence's cells."""
@@ -439,9 +482,18 @@ class LlamaCppRunner(Runner):
             return False
         L.llama_memory_seq_rm(self._mem, seq, -1, -1)
         n = len(blocks) * self.block_size
+        points: list[tuple[int, bytes]] = []
+        if self._states is not None:
+            parts = unpack_prefix(data)
+            data, points = parts if parts is not None else (b"", [])
         src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data(self._ctx, src, len(data), seq):
-            L.llama_memory_seq_rm(self._mem, seq, n, -1)
+        if data and L.llama_state_seq_set_data(self._ctx, src, len(data), seq) and self._remove(seq, n, -1):
+            if self._states is not None:  # held cells keep no recurrent state; the checkpoints come back as such
+                for i, state in points:
+                    if i < len(blocks):
+                        self._states.put(blocks[i], state)
+                self._cells.adopt(seq, blocks)
+                return True
             if L.llama_memory_seq_pos_min(self._mem, seq) == 0 and L.llama_memory_seq_pos_max(self._mem, seq) == n - 1:
                 self._cells.adopt(seq, blocks)
                 return True

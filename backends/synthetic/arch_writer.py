@@ -7,9 +7,12 @@ from .archs import ARCHS, arch_shapes
 from .spec import ModelSpec
 from .weights import INIT_STD, is_norm
 
-# Attention's query and key projections: drawn with spec.qk_std (sharp attention makes cache bugs visible).
+# Attention's query and key projections, and the recurrent layers' mixing weights: drawn with spec.qk_std (sharp
+# attention, and a recurrent state that moves the logits, make cache bugs visible).
 _QK = ("attn_q.weight", "attn_k.weight", "attn_q_a.weight", "attn_q_b.weight", "attn_kv_a_mqa.weight",
-       "attn_k_b.weight")
+       "attn_k_b.weight", "shortconv.in_proj.weight", "shortconv.conv.weight", "shortconv.out_proj.weight",
+       "attn_qkv.weight", "attn_gate.weight", "ssm_conv1d.weight", "ssm_beta.weight", "ssm_alpha.weight",
+       "ssm_out.weight")
 
 
 def arch_tensors(spec: ModelSpec) -> dict[str, np.ndarray]:

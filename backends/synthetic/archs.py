@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 Shapes = dict[str, tuple[int, ...]]
+# Bump when the bytes written for an unchanged spec of these architectures change (shapes, weights, metadata).
+ARCHS_VERSION = 1
 
 
 @dataclass(frozen=True)

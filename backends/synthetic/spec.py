@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .archs import GGUF_ONLY, parameter_count as _arch_parameter_count, resolve_options
+from .archs import ARCHS_VERSION, GGUF_ONLY, parameter_count as _arch_parameter_count, resolve_options
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,8 @@ def spec_hash(spec: ModelSpec) -> str:
     payload = spec.to_dict()
     if payload["arch_options"] is None:  # the HF-and-GGUF architectures keep the hashes they had
         del payload["arch_options"]
+    else:
+        payload["_archs_version"] = ARCHS_VERSION
     payload["_factory_version"] = FACTORY_VERSION
     if spec.vocab is not None:
         payload["vocab"] = file_sha256(spec.vocab)

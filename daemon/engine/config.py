@@ -53,6 +53,8 @@ class EngineStats:
     cache_hit_tokens: int = 0  # tokens served from the prefix cache at admission, since load
     cache_query_tokens: int = 0  # tokens looked up at admission, since load
     prefix_fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve (recomputed), since load
+    # cached prefix tokens past a recurrent model's last state checkpoint (recomputed), since load
+    prefix_rewind_tokens: int = 0
 
     @property
     def cache_hit_rate(self) -> float:

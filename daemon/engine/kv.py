@@ -31,7 +31,8 @@ class BlockManager:
     """Reference-counted KV blocks; full computed blocks are cached by prefix key until evicted (LRU)."""
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True,
-                 servable: Callable[[list[int]], int] | None = None) -> None:
+                 servable: Callable[[list[int]], int] | None = None,
+                 resumable: Callable[[list[int]], int] | None = None) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -49,6 +50,10 @@ class BlockManager:
         # cannot honour is cut there and recomputed (counted, never an error).
         self.servable = servable
         self.fallback_tokens = 0
+        # A recurrent model resumes a hit only where the runner saved its state (Runner.resumable_prefix): the rest of
+        # the hit is recomputed, counted here, and stays cached for prompts that can resume further along it.
+        self.resumable = resumable
+        self.rewind_tokens = 0
 
     @property
     def num_free(self) -> int:
@@ -138,6 +143,11 @@ class BlockManager:
                         "recomputing them", seq.seq_id, lost, len(hit))
             self.uncache(hit[n:])
             del hit[n:]
+        if hit and self.resumable is not None and (k := self.resumable(hit)) < len(hit):
+            self.rewind_tokens += (len(hit) - k) * self.block_size
+            log.info("seq %d: its recurrent state resumes after %d of the %d cached prefix blocks (the last checkpoint); "
+                     "recomputing the other %d", seq.seq_id, k, len(hit), len(hit) - k)
+            del hit[k:]
         for b in hit:
             if self._ref[b] == 0:
                 del self._lru[b]

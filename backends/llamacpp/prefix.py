@@ -95,7 +95,8 @@ class PrefixCells(BlockCells):
         for i in range(len(known), min(-(-(start_pos + length) // bs), len(table))):
             self._add(slot, i, table[i])
 
-    def _share(self, slot: int, blocks: list[int]) -> None:
+    def runs(self, blocks: list[int]) -> list[tuple[int, int, int]]:
+        """(sequence, first block, end block) runs a fresh sequence is given `blocks` from, in order."""
         src, run_start = None, 0
         runs: list[tuple[int, int, int]] = []
         for i, b in enumerate(blocks):
@@ -109,8 +110,11 @@ class PrefixCells(BlockCells):
                 src, run_start = min(holders), i
         if src is not None:
             runs.append((src, run_start, len(blocks)))
+        return runs
+
+    def _share(self, slot: int, blocks: list[int]) -> None:
         bs = self.block_size
-        for s, i0, i1 in runs:
+        for s, i0, i1 in self.runs(blocks):
             self._copy(s, slot, i0 * bs, i1 * bs)
             if s in self._holders:
                 self._holders.move_to_end(s)
@@ -149,6 +153,13 @@ class PrefixCells(BlockCells):
             if not self._where.get(b) or self._index.get(b) != i:
                 return i
         return len(blocks)
+
+    def is_live(self, slot: int) -> bool:
+        return slot in self._tables
+
+    def scratch(self) -> int | None:
+        """A slot id no sequence runs in, to work on a copy of another's cells (None: every slot runs)."""
+        return next((s for s in range(self.num_slots) if s not in self._tables), None)
 
     def holder(self, blocks: list[int]) -> int | None:
         """A sequence whose cells hold exactly these blocks from position 0, to export them."""

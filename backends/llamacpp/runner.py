@@ -32,6 +32,7 @@ from .prefix import PrefixCells
 from .recurrent import RecurrentStates, pack_prefix, unpack_prefix
 from .streams import StreamCells
 from .tokenizer import LlamaCppTokenizer
+from .window import SlidingWindow
 
 log = logging.getLogger(__name__)
 
@@ -209,14 +210,18 @@ class LlamaCppRunner(Runner):
         # a hybrid model's recurrent states: saved at block boundaries, a prefix hit resumes from one (recurrent.py)
         self._states = RecurrentStates(self._ctx, self.block_size, self.max_num_seqs, 0) if recurrent else None
         self.checkpoint_every = CHECKPOINT_EVERY if recurrent else None
+        # a sliding-window model: where a hit can resume, and windows saved with a prefix on disk (window.py)
+        n_swa = int(L.llama_model_n_swa(self._model))
+        self._window = SlidingWindow(self._ctx, n_swa, self.block_size, self.shared_kv) \
+            if n_swa > 0 and not recurrent else None
         remove = self._remove
         self._cells: PrefixCells | StreamCells
         if self.shared_kv:
-            self._cells = PrefixCells(self.max_num_seqs, self._holder_ids, self.block_size, remove,
-                                      lambda src, dst, p0, p1: L.llama_memory_seq_cp(self._mem, src, dst, p0, p1))
+            self._cells = PrefixCells(self.max_num_seqs, self._holder_ids, self.block_size, remove, self._copy)
         else:  # llama.cpp copies across streams whole; the stream's cells beyond the prefix are removed after
-            self._cells = StreamCells(self.max_num_seqs, self.block_size, remove,
-                                      lambda src, dst: L.llama_memory_seq_cp(self._mem, src, dst, -1, -1))
+            self._cells = StreamCells(self.max_num_seqs, self.block_size, remove, self._copy)
+        if self._window is not None:
+            self._window.attach(self._cells)
         # llama.cpp clamps n_batch to n_ctx: a step can never carry more tokens than that
         self._alloc_batch(int(L.llama_n_batch(self._ctx)))
         self.max_batch_tokens = self._cap
@@ -237,10 +242,18 @@ class LlamaCppRunner(Runner):
         refuses to cut a sequence that has one, and it would be stale anyway)."""
         if self._states is not None and (p0 > 0 or p1 >= 0):
             self._states.clear(seq)
+        if self._window is not None:
+            self._window.removed(seq, p0)
         if L.llama_memory_seq_rm(self._mem, seq, p0, p1):
             return True
         log.error("llama.cpp refused to remove positions [%d, %d) of sequence %d", p0, p1, seq)
         return False
+
+    def _copy(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """dst's cells (positions [p0, p1) of them; -1: all) become src's; across streams llama.cpp copies them whole."""
+        if self._window is not None:
+            self._window.copied(src, dst, p1)
+        L.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def _choose_layout(self, n_ctx: int, setting: str | None) -> str:
         """streams when the pool gives every slot a full window (each stream is one), else unified."""
@@ -349,6 +362,7 @@ class LlamaCppRunner(Runner):
         for s in spans:
             if not 0 <= s.slot < self.max_num_seqs or s.length < 1:
                 raise ValueError(f"bad span: slot {s.slot} (allowed [0, {self.max_num_seqs})), length {s.length} (>= 1)")
+        fresh = [s.start_pos == 0 or not self._cells.is_live(s.slot) for s in spans]
         if self.shared_kv:
             for s in spans:  # a fresh slot: clear it, and share its cached prefix from the sequence holding it
                 self._cells.begin(s.slot, s.start_pos, s.length, s.block_table)
@@ -359,6 +373,11 @@ class LlamaCppRunner(Runner):
             order = micro_batch_order(spans, seqs)
         if self._states is not None:  # a sequence starting on a cached prefix resumes from its checkpoint
             self._states.resume(self._mem, spans, seqs)
+        if self._window is not None:  # ... or, on a window model, from the window before it (window.py)
+            for seq, new in zip(seqs, fresh):
+                if new:
+                    self._window.started(seq)
+            self._window.resume(spans, seqs)
         tok = np.asarray(batch.token_ids, dtype=np.int32)
         pos = np.asarray(batch.positions, dtype=np.int32)
         rows = [i for i, s in enumerate(spans) if s.need_logits]
@@ -372,6 +391,8 @@ class LlamaCppRunner(Runner):
             self._decode(order, spans, seqs, tok, pos, result, row_of, batch)
         if self._states is not None:
             self._states.after_step(spans, seqs)
+        if self._window is not None:
+            self._window.after_step(spans, seqs)
         return result
 
     def _decode(self, order: list[int], spans: list, seqs: list[int], tok: np.ndarray, pos: np.ndarray,
@@ -436,6 +457,8 @@ class LlamaCppRunner(Runner):
             self._cells.drop_blocks(blocks)
             if self._states is not None:
                 self._states.drop(blocks)
+            if self._window is not None:
+                self._window.drop(blocks)
 
     def take_uncached(self) -> list[int]:
         """Blocks whose cells went (a dropped holder, a parked stream taken over): no longer cached."""
@@ -446,20 +469,29 @@ class LlamaCppRunner(Runner):
         return self._cells.servable(blocks) if self._ctx is not None else 0
 
     def resumable_prefix(self, blocks: list[int]) -> int:
-        """A recurrent model resumes a prefix only where a checkpoint of its state was saved."""
-        return len(blocks) if self._states is None else self._states.resumable(blocks)
+        """A recurrent model resumes a prefix only where a checkpoint of its state was saved; a window model where the
+        cells serving it hold the window before its end, or a checkpoint does."""
+        if self._states is not None:
+            return self._states.resumable(blocks)
+        if self._window is None or not blocks or self._ctx is None:
+            return len(blocks)
+        return self._window.resumable(blocks)
 
     def reset_prefix_cache(self) -> None:
         if self._ctx is not None:
             self._cells.reset()
             if self._states is not None:
                 self._states.reset()
+            if self._window is not None:
+                self._window.reset()
 
     def kv_signature(self) -> dict:
         sig = {"backend": self.backend, "block_size": self.block_size, "kv_types": list(self.kv_types),
                "kv_layout": self.kv_layout, "flash_attn": self._flash_attn, "llama_cpp": llama_cpp.__version__}
         if self._states is not None:  # the payload carries checkpoints too (recurrent.pack_prefix)
             sig["recurrent_states"] = 1
+        if self._window is not None:  # ... or windows (window.SlidingWindow.export)
+            sig["sliding_window"] = self._window.n_swa
         return sig
 
     def export_prefix(self, blocks: list[int]) -> bytes | None:
@@ -467,6 +499,8 @@ class LlamaCppRunner(Runner):
         seq = self._cells.holder(blocks) if self._ctx is not None and blocks else None
         if seq is None:
             return None
+        if self._window is not None:
+            return self._window.export(seq, len(blocks))
         size = L.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         got = L.llama_state_seq_get_data(self._ctx, buf, size, seq)
@@ -482,6 +516,8 @@ class LlamaCppRunner(Runner):
             return False
         L.llama_memory_seq_rm(self._mem, seq, -1, -1)
         n = len(blocks) * self.block_size
+        if self._window is not None:
+            return self._import_windowed(seq, blocks, data, stored_blocks)
         points: list[tuple[int, bytes]] = []
         if self._states is not None:
             parts = unpack_prefix(data)
@@ -500,6 +536,17 @@ class LlamaCppRunner(Runner):
         log.warning("llama.cpp did not take a saved prefix of %d tokens back%s", n,
                     ": " + e if (e := take_recent_errors()) else "")
         L.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._cells.release(seq)
+        return False
+
+    def _import_windowed(self, seq: int, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
+        """A window model's saved prefix into the empty `seq`: its windows become checkpoints (window.py)."""
+        if self._window.restore(seq, data, blocks, stored_blocks):
+            self._cells.adopt(seq, blocks)
+            return True
+        log.warning("llama.cpp did not take a saved prefix of %d tokens back%s", len(blocks) * self.block_size,
+                    ": " + e if (e := take_recent_errors()) else " (no window to resume from)")
+        self._remove(seq, -1, -1)
         self._cells.release(seq)
         return False
 

@@ -25,6 +25,9 @@ class StreamCells(BlockCells):
     def __init__(self, num_streams: int, block_size: int, remove: RemoveFn, copy: StreamCopyFn) -> None:
         super().__init__(block_size, remove)
         self.num_streams, self._copy = num_streams, copy
+        # a window model's test of whether a stream holds the attention window before a position (window.py): a hit
+        # is served from such a stream first
+        self.covers: Callable[[int, int], bool] | None = None
         self._stream: dict[int, int] = {}  # live slot -> its stream
         self._slot: dict[int, int] = {}  # live stream -> its slot
         self._parked: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
@@ -52,7 +55,7 @@ class StreamCells(BlockCells):
         needed = {b for h in hits.values() for b in h}
         later: list[int] = []
         for i in sorted(fresh, key=lambda j: -len(hits[j])):
-            parked = [s for s in self._holders(hits[i]) if s in self._parked] if hits[i] else []
+            parked = self._by_window([s for s in self._holders(hits[i]) if s in self._parked], len(hits[i]))
             if parked:
                 self._bind(spans[i][0], parked[0])
                 self._truncate(parked[0], len(hits[i]))
@@ -60,7 +63,7 @@ class StreamCells(BlockCells):
                 later.append(i)
         for i in later:
             slot, hit = spans[i][0], hits[i]
-            src = min(self._holders(hit), default=None) if hit else None
+            src = next(iter(self._by_window(self._holders(hit), len(hit))), None)
             if hit and src is None:
                 raise RuntimeError(f"prefix of {len(hit)} blocks is not held in any llama.cpp stream; the engine and "
                                    "the runner disagree")
@@ -91,6 +94,19 @@ class StreamCells(BlockCells):
                 n += 1
             best = max(best, n)
         return best
+
+    def _by_window(self, streams: list[int], n_blocks: int) -> list[int]:
+        """`streams` (holding a hit of n_blocks), those that hold the window before it first."""
+        if self.covers is None or not streams:
+            return streams
+        return sorted(streams, key=lambda s: not self.covers(s, n_blocks * self.block_size))
+
+    def serving(self, blocks: list[int]) -> list[int]:
+        """The streams a fresh sequence could be given these blocks from."""
+        return self._holders(blocks)
+
+    def is_live(self, slot: int) -> bool:
+        return slot in self._stream
 
     def holder(self, blocks: list[int]) -> int | None:
         """A stream whose cells hold exactly these blocks from position 0 (a parked one first), to export them."""

@@ -332,12 +332,15 @@ def load_runner(backend: str, model_path: str, settings: RunnerSettings) -> Runn
         backend = auto_backend(model_path)
     if backend not in _BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
+    from .choice import check_runs
+
+    check_runs(backend, model_path)  # a GGUF of an architecture this backend does not implement: say who does
     return _BACKENDS[backend]()(model_path, settings)
 
 
 def auto_backend(model_path: str) -> str:
     """Per model: a GGUF on llama.cpp (GPU offload where built for it), an HF folder on torch (CUDA or CPU) or
     MLX on Apple Silicon (backends/choice.py)."""
-    from .choice import choose_backend, model_format, probe_machine
+    from .choice import choose_backend, gguf_architecture, model_format, probe_machine
 
-    return choose_backend(model_format(model_path), probe_machine())
+    return choose_backend(model_format(model_path), probe_machine(), gguf_architecture(model_path))

@@ -4,6 +4,7 @@ A GGUF runs on llama.cpp everywhere: llama.cpp knows every architecture a GGUF c
 Vulkan and ROCm kernels are where the model's layers go when the build can offload (the runner decides how
 many). An HF safetensors folder runs on torch CUDA on an NVIDIA GPU, MLX on Apple Silicon, torch on the CPU
 elsewhere (torch picks CUDA itself when it sees a GPU). `choose_backend` is pure; `probe_machine` gathers the facts.
+What each backend runs, architecture by architecture, is declared once here (`BACKEND_ARCHITECTURES`).
 """
 from __future__ import annotations
 
@@ -12,7 +13,54 @@ import os
 import platform
 from dataclasses import dataclass
 
+from .base import UnsupportedArchitecture
+from .common.config import SUPPORTED_ARCHITECTURES
+
 GGUF_MAGIC = b"GGUF"
+
+# The architectures (GGUF general.architecture) each backend runs; None = every one its build knows. torch and MLX
+# implement the Llama decoder family themselves (backends/*/models/llama.py); llama.cpp also runs the sliding-window
+# (gemma3, gpt-oss), MoE (qwen3moe, gpt-oss, deepseek2), MLA (deepseek2) and hybrid recurrent (lfm2, qwen35, ...)
+# families, which reach torch and MLX never.
+BACKEND_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
+    "llamacpp": None,
+    "torch": SUPPORTED_ARCHITECTURES,
+    "mlx": SUPPORTED_ARCHITECTURES,
+}
+
+
+def runs(backend: str, architecture: str | None) -> bool:
+    """Whether `backend` runs models of `architecture` (an unknown one: left to the loader)."""
+    known = BACKEND_ARCHITECTURES.get(backend)
+    return known is None or architecture is None or architecture in known
+
+
+def backends_for(architecture: str) -> list[str]:
+    return [b for b in BACKEND_ARCHITECTURES if runs(b, architecture)]
+
+
+def gguf_architecture(path: str) -> str | None:
+    """A GGUF file's general.architecture (None: not a GGUF, or unreadable: the loader says why)."""
+    from .common.gguf_file import GGUFFile, is_gguf
+
+    if os.path.isdir(path) or not is_gguf(path):
+        return None
+    try:
+        with GGUFFile(path, lazy_arrays_over=0) as gf:
+            arch = gf.metadata.get("general.architecture")
+    except Exception:  # noqa: BLE001 - a bad file is the loader's to report, with its own words
+        return None
+    return arch if isinstance(arch, str) else None
+
+
+def check_runs(backend: str, model_path: str) -> None:
+    """UnsupportedArchitecture naming the model's architecture and the backends that run it, when `backend` does not."""
+    arch = gguf_architecture(model_path) if BACKEND_ARCHITECTURES.get(backend) is not None else None
+    if not runs(backend, arch):
+        raise UnsupportedArchitecture(
+            f"{model_path}: the {backend} backend does not run architecture {arch!r} (it runs "
+            f"{', '.join(BACKEND_ARCHITECTURES[backend] or ())}); {arch} runs on: {', '.join(backends_for(arch))} "
+            f"(EVENFLOW_BACKEND=auto picks it for a GGUF)")
 
 
 @dataclass(frozen=True)
@@ -36,9 +84,12 @@ def model_format(path: str) -> str:
         return "unknown"
 
 
-def choose_backend(fmt: str, machine: Machine) -> str:
-    """The backend for a model of format `fmt` on `machine` (the loader then reports what it cannot read)."""
+def choose_backend(fmt: str, machine: Machine, architecture: str | None = None) -> str:
+    """The backend for a model of format `fmt` (and `architecture`, where known) on `machine` (the loader then
+    reports what it cannot read)."""
     if fmt == "gguf" and machine.has_llamacpp:
+        return "llamacpp"
+    if fmt == "gguf" and not runs("torch", architecture):  # only llama.cpp runs it: its loader names what is missing
         return "llamacpp"
     if machine.apple_silicon and machine.has_mlx:
         return "mlx"

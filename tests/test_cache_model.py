@@ -38,13 +38,7 @@ CONFIGS = [
 # The factory's GGUF-only architectures (llama.cpp runs them alone): sliding window (gemma3, gpt-oss), attention
 # sinks and MoE (gpt-oss, qwen3moe), hybrid recurrent (lfm2, qwen35: hits resume from state checkpoints), MLA
 # (deepseek2), each in both KV layouts.
-# In the unified layout llama.cpp may reuse a finished sequence's sliding-window cells once they fall out of its window
-# (llama_kv_cache::find_slot), which a later prefix hit on that sequence still needs: the window models' hits there are
-# issue 37's sliding-window part (helper swa), not yet guaranteed.
-SWA_UNIFIED = pytest.mark.xfail(reason="sliding-window cells of finished sequences reused in the unified layout "
-                                       "(issue 37, sliding-window part)", strict=False)
-CONFIGS += [pytest.param(("llamacpp", layout, blocks, arch), id=f"llamacpp-{layout}-{arch}",
-                         marks=[SWA_UNIFIED] if layout == "unified" and arch in ("gemma3", "gpt-oss") else [])
+CONFIGS += [pytest.param(("llamacpp", layout, blocks, arch), id=f"llamacpp-{layout}-{arch}")
             for arch in GGUF_ONLY for layout, blocks in (("streams", None), ("unified", 40))]
 
 

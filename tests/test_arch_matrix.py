@@ -1,0 +1,89 @@
+"""Every architecture the synthetic factory writes as GGUF only (gemma3, gpt-oss, qwen3moe, lfm2, qwen35, deepseek2) on
+llama.cpp: it loads with its tokenizer and chat template, and with flash attention off and on, chunked prefill and
+prefix hits give what one pass over the whole prompt gives. (test_cache_model.py runs the concurrent, cached,
+preempted and aborted requests over them; test_kv_disk.py the disk KV cache; test_recurrent_checkpoints.py the
+hybrid models' state checkpoints.)"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+
+from evenflow.backends.base import RunnerSettings, load_runner  # noqa: E402
+from evenflow.backends.synthetic.arch_families import FAMILIES  # noqa: E402
+from evenflow.backends.synthetic.archs import ARCHS, GGUF_ONLY  # noqa: E402
+from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from evenflow.daemon.prompt.templates import render_chat  # noqa: E402
+
+BS = 4
+
+
+def load(path, fa: str = "off", layout: str = "streams"):
+    return load_runner("llamacpp", str(path), RunnerSettings(
+        max_num_seqs=3, block_size=BS, context_length=128, max_num_batched_tokens=128, num_threads=2, dtype="float32",
+        flash_attention=fa, kv_layout=layout))
+
+
+def run(engine: Engine, prompt: list[int], n: int = 6) -> tuple[list[int], list[float], int]:
+    stream = engine.submit(prompt, SamplingParams(temperature=0, num_predict=n), loop=None, logprobs=0)
+    while engine.run_once():
+        pass
+    deltas = list(stream)
+    assert deltas[-1].done_reason == "length", deltas[-1].error
+    return ([t for d in deltas for t in d.token_ids], [lp.logprob for d in deltas for lp in d.logprobs or []],
+            deltas[-1].metrics.cached_tokens)
+
+
+@pytest.mark.parametrize("arch", GGUF_ONLY)
+def test_the_architecture_loads_with_its_tokenizer_and_chat_template(arch, synthetic_model):
+    path = synthetic_model("tiny", arch, formats=("gguf",))["gguf"]
+    r = load(path)
+    try:
+        assert r.info.architecture == arch and r.checkpoint_every == (512 if "recurrent" in ARCHS[arch].kind else None)
+        tok, fam = r.tokenizer, FAMILIES[arch]
+        text = "def main():\n    return 'héllo wörld' 😀"
+        assert tok.decode(tok.encode(text, add_special=False)) == text
+        prompt = render_chat(r.chat_template, [{"role": "system", "content": "Be brief."},
+                                               {"role": "user", "content": "Hello there"}],
+                             bos_token=fam.bos or "", eos_token=fam.eos)
+        ids = tok.encode(prompt, add_special=False)
+        specials = {s: tok.encode(s, add_special=False) for s in fam.specials}
+        used = [s for s in fam.specials if s in prompt]
+        assert used, f"{arch}'s template uses none of its control tokens"
+        for s in used:  # each control token the template writes is one token, and is where the text put it
+            assert len(specials[s]) == 1 and specials[s][0] in ids, s
+        assert "Be brief." in tok.decode(ids) and "Hello there" in tok.decode(ids)
+        assert {specials[s][0] for s in fam.stop} <= set(tok.eos_ids)  # every end-of-turn token ends a generation
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("fa", ["off", "on"])
+@pytest.mark.parametrize("arch", GGUF_ONLY)
+def test_chunked_prefill_and_prefix_hits_give_the_one_pass_output(arch, fa, synthetic_model):
+    """One pass over the whole prompt, chunks of 7 tokens, and a hit on a cached prefix of another prompt: the same
+    tokens and log-probabilities. With flash attention on, llama.cpp's CPU kernel rounds Q.K through f16 and its
+    result depends on how many queries share a pass, hence the looser bound."""
+    path = synthetic_model("tiny", arch, formats=("gguf",), gguf_dtype="f32", qk_std=0.3)["gguf"]
+    rng = random.Random(arch)
+    doc = [rng.randrange(10, 1900) for _ in range(53)]
+    first, second = doc + [rng.randrange(10, 1900) for _ in range(5)], doc + [rng.randrange(10, 1900)]
+    tol = 1e-4 if fa == "off" else 2e-2
+    r = load(path, fa)
+    try:
+        one_pass = [run(Engine(r, EngineConfig(prefill_mode="monolithic", prefix_caching=False)), p)
+                    for p in (first, second)]
+        chunked = run(Engine(r, EngineConfig(max_num_batched_tokens=7, target_itl_ms=0, prefix_caching=False)), first)
+        warm = Engine(r, EngineConfig(max_num_batched_tokens=24, target_itl_ms=0))
+        run(warm, first)
+        hit = run(warm, second)  # the document's blocks cached by the first prompt; its one-token tail computed
+        assert hit[2] >= 48, "the second prompt should start on the cached document"
+        for got, want in ((chunked, one_pass[0]), (hit, one_pass[1])):
+            assert got[0] == want[0]
+            np.testing.assert_allclose(got[1], want[1], atol=tol)
+        assert warm.stats().prefix_fallback_tokens == 0
+    finally:
+        r.close()

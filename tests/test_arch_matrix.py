@@ -87,3 +87,30 @@ def test_chunked_prefill_and_prefix_hits_give_the_one_pass_output(arch, fa, synt
         assert warm.stats().prefix_fallback_tokens == 0
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("arch", [a for a in GGUF_ONLY if "sliding" not in ARCHS[a].kind])
+def test_the_kv_planned_per_token_is_what_llamacpp_keeps(arch, synthetic_model):
+    """The pool is sized by KV bytes per token (gguf_info.kv_bytes_per_token): per layer as its KV heads count them (a
+    hybrid model's recurrent layers keep one state per sequence instead), one latent row for MLA. Measured as what a
+    sequence's saved state grows by per token (cells' data and up to 32 bytes of positions and sequence ids each; a
+    window model's saved state stops growing at its window, so it is left out)."""
+    import ctypes
+
+    import llama_cpp.llama_cpp as L
+
+    from evenflow.backends.base import Batch
+    from evenflow.backends.llamacpp.gguf_info import kv_bytes_per_token, read_header
+
+    path = synthetic_model("tiny", arch, formats=("gguf",))["gguf"]
+    r = load(path)
+    try:
+        sizes = []
+        for start, n in ((0, 40), (40, 20)):
+            r.step(Batch.from_spans([(0, list(range(100, 100 + n)), start, [], True)], BS))
+            sizes.append(L.llama_state_seq_get_size(r._ctx, ctypes.c_int32(0)))
+        assert r.kv_types == ("f32", "f32")
+        per_token = (sizes[1] - sizes[0]) / 20
+        assert 0 <= per_token - kv_bytes_per_token(r.info, read_header(str(path)), 4) <= 32
+    finally:
+        r.close()

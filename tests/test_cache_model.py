@@ -38,11 +38,11 @@ CONFIGS = [
 # The factory's GGUF-only architectures (llama.cpp runs them alone): sliding window (gemma3, gpt-oss), attention
 # sinks and MoE (gpt-oss, qwen3moe), hybrid recurrent (lfm2, qwen35: hits resume from state checkpoints), MLA
 # (deepseek2), each in both KV layouts.
-# In the unified layout llama.cpp may reuse a finished sequence's sliding-window cells once they fall out of its window
-# (llama_kv_cache::find_slot), which a later prefix hit on that sequence still needs: the window models' hits there are
-# issue 37's sliding-window part (helper swa), not yet guaranteed.
-SWA_UNIFIED = pytest.mark.xfail(reason="sliding-window cells of finished sequences reused in the unified layout "
-                                       "(issue 37, sliding-window part)", strict=False)
+# In the unified layout llama.cpp may hand a finished sequence's sliding-window cells to another sequence once they
+# fall out of the window (llama_kv_cache::find_slot), and a later prefix hit on them then fails or reads other cells:
+# the window models' hits there are issue 37's sliding-window part, not guaranteed yet.
+SWA_UNIFIED = pytest.mark.skip(reason="sliding-window cells of finished sequences are reused in the unified layout "
+                                      "(issue 37, sliding-window part)")
 CONFIGS += [pytest.param(("llamacpp", layout, blocks, arch), id=f"llamacpp-{layout}-{arch}",
                          marks=[SWA_UNIFIED] if layout == "unified" and arch in ("gemma3", "gpt-oss") else [])
             for arch in GGUF_ONLY for layout, blocks in (("streams", None), ("unified", 40))]
@@ -180,7 +180,7 @@ def test_concurrent_cached_chunked_and_preempted_runs_equal_solo_greedy(runners)
     # and the CI box is a loaded 2-core machine)
     llama = runners[0].info.architecture == "llama"
     run_state_machine_as_test(CacheMachine, settings=settings(
-        max_examples=12 if llama else 3, stateful_step_count=30 if llama else 24, deadline=None,
+        max_examples=12 if llama else 2, stateful_step_count=30 if llama else 24, deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]))
 
 

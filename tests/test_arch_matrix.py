@@ -21,10 +21,18 @@ from evenflow.daemon.prompt.templates import render_chat  # noqa: E402
 BS = 4
 
 
-def load(path, fa: str = "off", layout: str = "streams"):
+# KV settings: f32 without flash attention (logits independent of batching), f32 with it, the daemon's defaults (on a
+# CPU: a q8_0 K where heads are a multiple of 32 values and K and V may differ, flash attention off; on a GPU build:
+# f16, auto), and a q8_0 K and V with flash attention
+KV = {"f32": dict(dtype="float32", flash_attention="off"), "f32-fa": dict(dtype="float32", flash_attention="on"),
+      "default": {}, "q8_0-fa": dict(kv_cache_type="q8_0", flash_attention="on")}
+TOLERANCE = {"f32": 1e-4, "f32-fa": 2e-2, "default": 5e-2, "q8_0-fa": 5e-2}
+
+
+def load(path, kv: str = "f32", layout: str = "streams"):
     return load_runner("llamacpp", str(path), RunnerSettings(
-        max_num_seqs=3, block_size=BS, context_length=128, max_num_batched_tokens=128, num_threads=2, dtype="float32",
-        flash_attention=fa, kv_layout=layout))
+        max_num_seqs=3, block_size=BS, context_length=128, max_num_batched_tokens=128, num_threads=2, kv_layout=layout,
+        **KV[kv]))
 
 
 def run(engine: Engine, prompt: list[int], n: int = 6) -> tuple[list[int], list[float], int]:
@@ -61,18 +69,18 @@ def test_the_architecture_loads_with_its_tokenizer_and_chat_template(arch, synth
         r.close()
 
 
-@pytest.mark.parametrize("fa", ["off", "on"])
+@pytest.mark.parametrize("kv", ["f32", "f32-fa", "default"])
 @pytest.mark.parametrize("arch", GGUF_ONLY)
-def test_chunked_prefill_and_prefix_hits_give_the_one_pass_output(arch, fa, synthetic_model):
+def test_chunked_prefill_and_prefix_hits_give_the_one_pass_output(arch, kv, synthetic_model):
     """One pass over the whole prompt, chunks of 7 tokens, and a hit on a cached prefix of another prompt: the same
     tokens and log-probabilities. With flash attention on, llama.cpp's CPU kernel rounds Q.K through f16 and its
-    result depends on how many queries share a pass, hence the looser bound."""
+    result depends on how many queries share a pass; a quantized K rounds too: hence the looser bounds."""
     path = synthetic_model("tiny", arch, formats=("gguf",), gguf_dtype="f32", qk_std=0.3)["gguf"]
     rng = random.Random(arch)
     doc = [rng.randrange(10, 1900) for _ in range(53)]
     first, second = doc + [rng.randrange(10, 1900) for _ in range(5)], doc + [rng.randrange(10, 1900)]
-    tol = 1e-4 if fa == "off" else 2e-2
-    r = load(path, fa)
+    tol = TOLERANCE[kv]
+    r = load(path, kv)
     try:
         one_pass = [run(Engine(r, EngineConfig(prefill_mode="monolithic", prefix_caching=False)), p)
                     for p in (first, second)]
@@ -114,3 +122,39 @@ def test_the_kv_planned_per_token_is_what_llamacpp_keeps(arch, synthetic_model):
         assert 0 <= per_token - kv_bytes_per_token(r.info, read_header(str(path)), 4) <= 32
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("layout", ["streams", "unified"])
+@pytest.mark.parametrize("kv", ["f32-fa", "q8_0-fa"])
+def test_mla_prefixes_come_back_from_disk_with_flash_attention_and_a_quantized_kv(kv, layout, synthetic_model,
+                                                                                   tmp_path):
+    """DeepSeek's latent KV rows (K only, V read from them; in f32 or q8_0) saved at shutdown and put back by a new
+    engine: the cold run's output. (llama.cpp wants one type for an MLA model's K and V, and a quantized V needs flash
+    attention: without it a quantized KV is refused by name, and auto keeps f16.)"""
+    from evenflow.daemon.engine.kv_disk import DiskKVCache
+
+    path = synthetic_model("tiny", "deepseek2", formats=("gguf",), gguf_dtype="f32", qk_std=0.3)["gguf"]
+    rng = random.Random(4)
+    doc = [rng.randrange(10, 1900) for _ in range(70)]
+    ask = doc + [rng.randrange(10, 1900) for _ in range(3)]
+    r = load(path, kv, layout)
+    try:
+        want = run(Engine(r, EngineConfig(max_num_batched_tokens=24, target_itl_ms=0, prefix_caching=False)), ask)
+        disk = DiskKVCache(tmp_path, 1 << 30, min_tokens=16)
+        first = Engine(r, EngineConfig(max_num_batched_tokens=24, target_itl_ms=0), kv_disk=disk, model_id="m")
+        run(first, doc + [rng.randrange(10, 1900)])
+        first.shutdown()
+        assert disk.flush(30)
+        again = Engine(r, EngineConfig(max_num_batched_tokens=24, target_itl_ms=0), kv_disk=disk, model_id="m")
+        got = run(again, ask)
+        assert again.disk.restored_tokens == 68 and again.disk.failed == 0 and got[2] == 68
+        assert got[0] == want[0]
+        np.testing.assert_allclose(got[1], want[1], atol=TOLERANCE[kv])
+        assert r.kv_types == (("f32", "f32") if kv == "f32-fa" else ("q8_0", "q8_0"))
+    finally:
+        r.close()
+    from evenflow.backends.base import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="needs flash attention on"):
+        load_runner("llamacpp", str(path), RunnerSettings(max_num_seqs=3, block_size=BS, context_length=128,
+                                                          kv_cache_type="q8_0", flash_attention="off"))

@@ -90,6 +90,12 @@ def key_head_dim(info: ModelInfo, header: GGUFHeader) -> int:
     return int(md.get(f"{info.architecture}.attention.key_length", 0) or (info.embedding_length // max(info.head_count, 1)))
 
 
+def is_mla(header: GGUFHeader) -> bool:
+    """Multi-head latent attention (DeepSeek-V2/V3 and kin): one compressed KV row per token."""
+    arch = header.metadata.get("general.architecture")
+    return f"{arch}.attention.kv_lora_rank" in header.metadata
+
+
 def kv_bytes_per_token(info: ModelInfo, header: GGUFHeader, bytes_per_elem: float = 2) -> int:
     """Approximate KV-cache bytes per token (K and V, all layers) for sizing the context: per layer, as the KV heads
     count them (a hybrid model's recurrent layers have none: their state is one per sequence, not per token); an MLA
@@ -102,5 +108,5 @@ def kv_bytes_per_token(info: ModelInfo, header: GGUFHeader, bytes_per_elem: floa
     if isinstance(interval, int) and interval > 0:
         per_layer = [h if (i + 1) % interval == 0 else 0 for i, h in enumerate(per_layer)]
     k = key_head_dim(info, header)
-    v = 0 if f"{arch}.attention.kv_lora_rank" in md else int(md.get(f"{arch}.attention.value_length", 0) or k)
+    v = 0 if is_mla(header) else int(md.get(f"{arch}.attention.value_length", 0) or k)
     return round(sum(per_layer) * (k + v) * bytes_per_elem)

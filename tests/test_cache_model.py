@@ -174,7 +174,7 @@ def test_concurrent_cached_chunked_and_preempted_runs_equal_solo_greedy(runners)
     # and the CI box is a loaded 2-core machine)
     llama = runners[0].info.architecture == "llama"
     run_state_machine_as_test(CacheMachine, settings=settings(
-        max_examples=12 if llama else 3, stateful_step_count=30 if llama else 24, deadline=None,
+        max_examples=12 if llama else 2, stateful_step_count=30 if llama else 24, deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]))
 
 

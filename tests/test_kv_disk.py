@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evenflow.backends.base import RunnerSettings, load_runner
+from evenflow.backends.synthetic.archs import GGUF_ONLY
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
 from evenflow.daemon.engine.disk_prefixes import prompt_keys
 from evenflow.daemon.engine.kv_disk import DiskKVCache
@@ -155,12 +156,17 @@ LAYOUTS = [
     pytest.param(("llamacpp", "gguf", "unified"), id="llamacpp-unified",
                  marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python")),
 ]
+# The factory's GGUF-only architectures, in llama.cpp's default layout for a pool of full windows (streams); the hybrid
+# recurrent ones in the unified layout too (their prefixes carry state checkpoints: recurrent.pack_prefix).
+LAYOUTS += [pytest.param(("llamacpp", "gguf", layout, arch), id=f"llamacpp-{layout}-{arch}",
+                         marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python"))
+            for arch in GGUF_ONLY for layout in (("streams", "unified") if arch in ("lfm2", "qwen35") else ("streams",))]
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
 def runner(request, synthetic_model):
-    backend, fmt, layout = request.param
-    path = synthetic_model("tiny", "llama", formats=(fmt,), gguf_dtype="f32", qk_std=0.3)[fmt]
+    backend, fmt, layout, *arch = request.param
+    path = synthetic_model("tiny", arch[0] if arch else "llama", formats=(fmt,), gguf_dtype="f32", qk_std=0.3)[fmt]
     blocks = 4 * 512 // 16 if layout == "streams" else 96
     r = load_runner(backend, str(path), RunnerSettings(max_num_seqs=4, block_size=16, num_kv_blocks=blocks,
                                                         context_length=512, max_num_batched_tokens=256,
@@ -197,7 +203,11 @@ def test_restored_prefixes_give_the_cold_greedy_tokens(runner, tmp_path_factory,
     assert run(again, asks) == cold
     saved_blocks = {len(e.keys) for ns in disk._entries.values() for e in ns.values()}
     assert saved_blocks, "nothing was saved"
-    if any(k >= 48 for k in shared):  # three blocks or more of a document: some came from disk
+    if any(k >= 48 for k in shared) and runner.info.architecture in ("gemma3", "gpt-oss"):
+        # A window model's saved state holds its window's cells only, which llama.cpp refuses to put back at
+        # positions 0..n: recomputed (the same tokens, as asserted above). Issue 37's sliding-window part.
+        assert again.disk.restored_tokens == 0 and again.disk.failed > 0
+    elif any(k >= 48 for k in shared):  # three blocks or more of a document: some came from disk
         assert again.disk.restored_tokens > 0 and again.disk.failed == 0
     assert again.blocks.num_free == again.blocks.num_blocks
     other = Engine(runner, EngineConfig(max_num_batched_tokens=48), kv_disk=disk, model_id="other weights")

@@ -26,7 +26,7 @@ from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, Run
 from ..common.memory import host_kv_budget, plan_kv
 from . import amx, load_probe, offload
 from .embedder import Embedder
-from .gguf_info import GGUFHeader, key_head_dim, kv_bytes_per_token, model_info, read_header
+from .gguf_info import GGUFHeader, is_mla, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
 from .prefix import PrefixCells
 from .recurrent import RecurrentStates, pack_prefix, unpack_prefix
@@ -157,7 +157,7 @@ class LlamaCppRunner(Runner):
     def _kv_bytes(self, header: GGUFHeader, settings: RunnerSettings) -> float:
         """KV bytes per token (all layers) at the types `_kv_types` will pick, before the model loads."""
         info = model_info(header, 0, 0)
-        elem = sum(_GGML_TYPES[t][1] for t in self._kv_types(settings, key_head_dim(info, header))) / 2
+        elem = sum(_GGML_TYPES[t][1] for t in self._kv_types(settings, key_head_dim(info, header), is_mla(header))) / 2
         return kv_bytes_per_token(info, header, elem)
 
     def _load_model(self, settings: RunnerSettings):
@@ -189,7 +189,7 @@ class LlamaCppRunner(Runner):
         self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
         # per-sequence window: num_ctx when given (even above the trained one, as Ollama allows), else trained
         self.context_length = settings.context_length or self.info.context_length
-        self.kv_types = self._kv_types(settings, head_dim)  # (K, V) type names
+        self.kv_types = self._kv_types(settings, head_dim, is_mla(header))  # (K, V) type names
         elem = sum(_GGML_TYPES[t][1] for t in self.kv_types) / 2  # a quantized K (and V) leaves room for more
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
                                                   kv_bytes_per_token(self.info, header, elem),
@@ -272,7 +272,7 @@ class LlamaCppRunner(Runner):
                          self.max_num_seqs, self.context_length)
         return mode
 
-    def _kv_types(self, settings: RunnerSettings, head_dim: int) -> tuple[str, str]:
+    def _kv_types(self, settings: RunnerSettings, head_dim: int, mla: bool = False) -> tuple[str, str]:
         """(K, V) types: `dtype`'s, or kv_cache_type's for K always and for V with flash attention on
         (llama.cpp refuses a quantized V without it).
 
@@ -282,14 +282,19 @@ class LlamaCppRunner(Runner):
         (about half the bytes) made a 4-token chunk at 8k context 15-31% cheaper and at 16k 39% cheaper
         (docs/bench/attn_depth_kv.md), which is what lets a chunk ride with the decodes under the latency target.
         The logits move a little (the test bounds it at 5% of their spread). A GPU build keeps f16, as Ollama
-        does everywhere."""
+        does everywhere. An MLA model (DeepSeek) reads V out of its K rows, so llama.cpp wants one type for both:
+        auto keeps it unquantized there unless flash attention is on."""
         base, quant = _KV_TYPES[settings.dtype], settings.kv_cache_type
+        fa_on = self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"]
         if quant == "auto":
             cpu = self._cpu_only()
-            quant = "q8_0" if cpu and settings.dtype == "auto" and head_dim % 32 == 0 else "f16"
+            quant = "q8_0" if cpu and settings.dtype == "auto" and head_dim % 32 == 0 and (fa_on or not mla) else "f16"
         if quant == "f16":
             return base, base
-        return quant, quant if self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"] else base
+        if mla and not fa_on:
+            raise ModelLoadError(f"{self.path}: a {quant} KV cache for this MLA model (K and V share one type) needs "
+                                 "flash attention on (OLLAMA_FLASH_ATTENTION=1), or use f16")
+        return quant, quant if fa_on else base
 
     def _cpu_only(self) -> bool:
         """No layer on a GPU: the placement's word once made (num_gpu 0 on a GPU build too), else the build's."""

@@ -245,7 +245,7 @@ ARCHS: dict[str, ArchDef] = {a.name: a for a in (
     ArchDef("qwen35", {"full_attention_interval": 2, "ssm_conv_kernel": 4, "ssm_state_size": 16,
                        "ssm_group_count": 2, "ssm_time_step_rank": 4, "rope_dimension_count": 8,
                        "rope_sections": [2, 1, 1, 0]}, _qwen35_shapes, _qwen35_meta, "hybrid recurrent"),
-    ArchDef("deepseek2", {"q_lora_rank": 32, "kv_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
+    ArchDef("deepseek2", {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 32, "qk_nope_head_dim": 16,
                           "v_head_dim": 16, "leading_dense_blocks": 1, "shared_experts": 1, **_MOE},
             _deepseek2_shapes, _deepseek2_meta, "MLA, MoE"),
 )}

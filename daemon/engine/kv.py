@@ -51,7 +51,7 @@ class BlockManager:
         self.servable = servable
         self.fallback_tokens = 0
         # A recurrent model resumes a hit only where the runner saved its state (Runner.resumable_prefix): the rest of
-        # the hit is recomputed, counted here, and stays cached for prompts that can resume further along it.
+        # the hit is recomputed (counted here) into the hit's own blocks, which stay cached.
         self.resumable = resumable
         self.rewind_tokens = 0
 
@@ -143,17 +143,19 @@ class BlockManager:
                         "recomputing them", seq.seq_id, lost, len(hit))
             self.uncache(hit[n:])
             del hit[n:]
-        if hit and self.resumable is not None and (k := self.resumable(hit)) < len(hit):
-            self.rewind_tokens += (len(hit) - k) * self.block_size
+        resume = len(hit)
+        if hit and self.resumable is not None and (resume := self.resumable(hit)) < len(hit):
+            # The sequence holds the whole hit but computes it again from the checkpoint: recomputed into the same
+            # blocks (the runner's cells are its own per sequence), the chain stays one, and stays cached.
+            self.rewind_tokens += (len(hit) - resume) * self.block_size
             log.info("seq %d: its recurrent state resumes after %d of the %d cached prefix blocks (the last checkpoint); "
-                     "recomputing the other %d", seq.seq_id, k, len(hit), len(hit) - k)
-            del hit[k:]
+                     "recomputing the other %d", seq.seq_id, resume, len(hit), len(hit) - resume)
         for b in hit:
             if self._ref[b] == 0:
                 del self._lru[b]
             self._ref[b] += 1
             seq.block_table.append(b)
-        n = len(seq.block_table) * self.block_size
+        n = resume * self.block_size
         seq.num_computed = n
         seq.num_registered = len(seq.block_table)
         return n

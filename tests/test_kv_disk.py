@@ -157,10 +157,12 @@ LAYOUTS = [
                  marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python")),
 ]
 # The factory's GGUF-only architectures, in llama.cpp's default layout for a pool of full windows (streams); the hybrid
-# recurrent ones in the unified layout too (their prefixes carry state checkpoints: recurrent.pack_prefix).
+# recurrent and the sliding-window ones in the unified layout too (their prefixes carry state checkpoints or windows:
+# recurrent.pack_prefix, window.SlidingWindow.export).
 LAYOUTS += [pytest.param(("llamacpp", "gguf", layout, arch), id=f"llamacpp-{layout}-{arch}",
                          marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python"))
-            for arch in GGUF_ONLY for layout in (("streams", "unified") if arch in ("lfm2", "qwen35") else ("streams",))]
+            for arch in GGUF_ONLY
+            for layout in (("streams", "unified") if arch in ("lfm2", "qwen35", "gemma3", "gpt-oss") else ("streams",))]
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
@@ -203,11 +205,7 @@ def test_restored_prefixes_give_the_cold_greedy_tokens(runner, tmp_path_factory,
     assert run(again, asks) == cold
     saved_blocks = {len(e.keys) for ns in disk._entries.values() for e in ns.values()}
     assert saved_blocks, "nothing was saved"
-    if any(k >= 48 for k in shared) and runner.info.architecture in ("gemma3", "gpt-oss"):
-        # A window model's saved state holds its window's cells only, which llama.cpp refuses to put back at
-        # positions 0..n: recomputed (the same tokens, as asserted above). Issue 37's sliding-window part.
-        assert again.disk.restored_tokens == 0 and again.disk.failed > 0
-    elif any(k >= 48 for k in shared):  # three blocks or more of a document: some came from disk
+    if any(k >= 48 for k in shared):  # three blocks or more of a document: some came from disk
         assert again.disk.restored_tokens > 0 and again.disk.failed == 0
     assert again.blocks.num_free == again.blocks.num_blocks
     other = Engine(runner, EngineConfig(max_num_batched_tokens=48), kv_disk=disk, model_id="other weights")

@@ -11,7 +11,7 @@ import pytest
 L = pytest.importorskip("llama_cpp.llama_cpp")
 
 from evenflow.backends.base import RunnerSettings, load_runner  # noqa: E402
-from evenflow.backends.llamacpp.window import MAX_POINTS, window_points  # noqa: E402
+from evenflow.backends.llamacpp.window import MAX_NEAR, MAX_SPREAD, window_points  # noqa: E402
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from evenflow.daemon.engine.disk_prefixes import prompt_keys  # noqa: E402
 from evenflow.daemon.engine.kv_disk import DiskKVCache  # noqa: E402
@@ -63,12 +63,14 @@ def words(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(10, 1800) for _ in range(n)]
 
 
-def test_window_points_sit_at_and_just_before_each_prompt_end():
-    assert window_points([], 30, 4) == []
-    assert window_points([64], 30, 4) == [16, 15, 14, 12, 8]  # prompt end at block 16 of a 30-block chain
-    assert window_points([64], 16, 4) == [15, 14, 12, 8]  # the chain's own end is its state, not a point
-    points = window_points([40, 200], 60, 4)
-    assert len(points) == MAX_POINTS and points[:2] == [50, 49] and points == sorted(points, reverse=True)
+def test_window_points_sit_at_and_just_before_each_prompt_end_and_along_the_prefix():
+    assert window_points([], 30, 4, 16) == [24, 18, 12, 6]  # spread: every 6 blocks (a window is 4)
+    assert window_points([], 30, 4, 64) == [16]  # ... but never closer than a window (16 blocks)
+    assert window_points([64], 30, 4, 64) == [16, 15, 14, 12, 8]  # a prompt end at block 16 of a 30-block chain
+    assert window_points([64], 16, 4, 64) == [15, 14, 12, 8]  # the chain's own end is its state, not a point
+    points = window_points([40, 200], 60, 4, 16)
+    assert points[:2] == [50, 49] and points == sorted(points, reverse=True) and len(points) <= MAX_NEAR + MAX_SPREAD
+    assert 10 in points and {12, 24, 36, 48} <= set(points)  # the older prompt end: its own block (MAX_NEAR)
 
 
 def test_a_hit_after_an_answer_longer_than_the_window_is_the_cold_run(runners):

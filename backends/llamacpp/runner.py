@@ -505,7 +505,7 @@ class LlamaCppRunner(Runner):
         if seq is None:
             return None
         if self._window is not None:
-            return self._window.export(seq, len(blocks))
+            return self._window.export(seq, blocks)
         size = L.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         got = L.llama_state_seq_get_data(self._ctx, buf, size, seq)

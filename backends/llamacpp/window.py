@@ -34,22 +34,26 @@ WINDOW_ONLY = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the window layers' cache a
 # window points per prompt end: that block boundary and these many blocks before it (a next question parts from the
 # saved prompt within its last few blocks; further back, a hit recomputes from the nearest point before it)
 POINT_OFFSETS = (0, 1, 2, 4, 8, 16, 32)
-MAX_POINTS = 8  # windows saved with one prefix (each is a window's cells in every window layer)
+MAX_NEAR = 8  # such points with one prefix (each is a window's cells in every window layer) ...
+MAX_SPREAD = 4  # ... and these many spread along it, no closer than a window (a prompt sharing only its start)
 MIN_BUDGET = 256 << 20  # checkpoints read back from disk kept in host memory: at least this many bytes ...
-BUDGET_WINDOWS = 2 * MAX_POINTS  # ... or this many windows
+BUDGET_WINDOWS = 2 * (MAX_NEAR + MAX_SPREAD)  # ... or this many windows
 
 
-def window_points(marks: Iterable[int], n_blocks: int, block_size: int) -> list[int]:
-    """Block counts k (0 < k < n_blocks) where a saved prefix of n_blocks keeps the window ending at k * block_size:
-    for each prompt end in `marks` (positions, the latest first) its last block boundary and POINT_OFFSETS blocks
-    before it, at most MAX_POINTS in all, descending."""
-    points: list[int] = []
+def window_points(marks: Iterable[int], n_blocks: int, block_size: int, window: int) -> list[int]:
+    """Block counts k (0 < k < n_blocks) where a saved prefix of n_blocks keeps the window ending at k * block_size,
+    descending: for each prompt end in `marks` (positions, the latest first) its last block boundary and
+    POINT_OFFSETS blocks before it (MAX_NEAR in all), and MAX_SPREAD points evenly along the prefix, at least a
+    window apart."""
+    near: list[int] = []
     for m in sorted(set(marks), reverse=True):
         for d in POINT_OFFSETS:
             k = min(m // block_size, n_blocks) - d
-            if 0 < k < n_blocks and k not in points and len(points) < MAX_POINTS:
-                points.append(k)
-    return sorted(points, reverse=True)
+            if 0 < k < n_blocks and k not in near and len(near) < MAX_NEAR:
+                near.append(k)
+    step = max(-(-window // block_size), -(-n_blocks // (MAX_SPREAD + 1)))
+    spread = [k for k in range(step, n_blocks, step)][:MAX_SPREAD]
+    return sorted(set(near + spread), reverse=True)
 
 
 class SlidingWindow:
@@ -157,8 +161,18 @@ class SlidingWindow:
         return False
 
     # ---- the disk cache ----
-    def export(self, seq: int, n_blocks: int) -> bytes | None:
-        """The first n_blocks of `seq` as bytes `restore` takes: its state there, and windows further back."""
+    def export(self, seq: int, blocks: list[int]) -> bytes | None:
+        """The first len(blocks) blocks of `seq` as bytes `restore` takes: its state there, and windows further back
+        (cut from it, and the checkpoints kept along them)."""
+        data = self._export(seq, len(blocks))
+        if data is None:
+            return None
+        full, windows = unpack_prefix(data)
+        have = {i for i, _ in windows}
+        kept = [(i, self._points[b]) for i, b in enumerate(blocks[:-1]) if b in self._points and i not in have]
+        return pack_prefix(full, sorted(windows + kept, reverse=True)) if kept else data
+
+    def _export(self, seq: int, n_blocks: int) -> bytes | None:
         marks = list(self._marks.get(seq, []))
         if self.shared_kv:  # a scratch slot id sharing the cells (one stream: nothing is copied)
             work = next((s for s in range(self._cells.num_slots) if not self._cells.is_live(s)), None)
@@ -188,7 +202,7 @@ class SlidingWindow:
         if full is None:
             return None
         windows: list[tuple[int, bytes]] = []
-        for k in window_points(marks, n_blocks, bs):
+        for k in window_points(marks, n_blocks, bs, self.n_swa):
             L.llama_memory_seq_rm(self._mem, work, k * bs, -1)
             if not self.covers(work, k * bs):
                 break  # cut further back, it holds even less

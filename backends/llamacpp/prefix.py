@@ -157,10 +157,6 @@ class PrefixCells(BlockCells):
     def is_live(self, slot: int) -> bool:
         return slot in self._tables
 
-    def scratch(self) -> int | None:
-        """A slot id no sequence runs in, to work on a copy of another's cells (None: every slot runs)."""
-        return next((s for s in range(self.num_slots) if s not in self._tables), None)
-
     def holder(self, blocks: list[int]) -> int | None:
         """A sequence whose cells hold exactly these blocks from position 0, to export them."""
         n = len(blocks)

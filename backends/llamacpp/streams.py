@@ -55,9 +55,9 @@ class StreamCells(BlockCells):
         needed = {b for h in hits.values() for b in h}
         later: list[int] = []
         for i in sorted(fresh, key=lambda j: -len(hits[j])):
-            parked = self._by_window([s for s in self._holders(hits[i]) if s in self._parked], len(hits[i]))
-            if parked:
-                s = min(parked, key=lambda p: len(self._tables[p]))  # the one whose takeover drops the fewest blocks
+            parked = [s for s in self._holders(hits[i]) if s in self._parked] if hits[i] else []
+            if parked:  # one holding the window before the hit, then the one whose takeover drops the fewest blocks
+                s = min(parked, key=lambda p: (self._lacks_window(p, len(hits[i])), len(self._tables[p])))
                 self._bind(spans[i][0], s)
                 # a recurrent model's hit resumed short of its cached blocks computes them again in this stream
                 self._truncate(s, len(hits[i]), keep=set(spans[i][3][len(hits[i]):]))
@@ -65,7 +65,7 @@ class StreamCells(BlockCells):
                 later.append(i)
         for i in later:
             slot, hit = spans[i][0], hits[i]
-            src = next(iter(self._by_window(self._holders(hit), len(hit))), None)
+            src = min(self._holders(hit), key=lambda p: self._lacks_window(p, len(hit)), default=None)
             if hit and src is None:
                 raise RuntimeError(f"prefix of {len(hit)} blocks is not held in any llama.cpp stream; the engine and "
                                    "the runner disagree")
@@ -97,11 +97,9 @@ class StreamCells(BlockCells):
             best = max(best, n)
         return best
 
-    def _by_window(self, streams: list[int], n_blocks: int) -> list[int]:
-        """`streams` (holding a hit of n_blocks), those that hold the window before it first."""
-        if self.covers is None or not streams:
-            return streams
-        return sorted(streams, key=lambda s: not self.covers(s, n_blocks * self.block_size))
+    def _lacks_window(self, stream: int, n_blocks: int) -> bool:
+        """A window model's stream that does not hold the window before its first n_blocks (window.py)."""
+        return self.covers is not None and not self.covers(stream, n_blocks * self.block_size)
 
     def serving(self, blocks: list[int]) -> list[int]:
         """The streams a fresh sequence could be given these blocks from."""

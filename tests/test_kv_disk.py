@@ -156,11 +156,11 @@ LAYOUTS = [
     pytest.param(("llamacpp", "gguf", "unified"), id="llamacpp-unified",
                  marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python")),
 ]
-# The factory's GGUF-only architectures, in llama.cpp's default layout for a pool of full windows (streams); the hybrid
-# recurrent ones in the unified layout too (their prefixes carry state checkpoints: recurrent.pack_prefix).
+# The factory's GGUF-only architectures, in llama.cpp's default layout for a pool of full windows (streams); a hybrid
+# recurrent one in the unified layout too (its prefixes carry state checkpoints: recurrent.pack_prefix).
 LAYOUTS += [pytest.param(("llamacpp", "gguf", layout, arch), id=f"llamacpp-{layout}-{arch}",
                          marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python"))
-            for arch in GGUF_ONLY for layout in (("streams", "unified") if arch in ("lfm2", "qwen35") else ("streams",))]
+            for arch in GGUF_ONLY for layout in (("streams", "unified") if arch == "lfm2" else ("streams",))]
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)

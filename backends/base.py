@@ -332,9 +332,10 @@ def load_runner(backend: str, model_path: str, settings: RunnerSettings) -> Runn
         backend = auto_backend(model_path)
     if backend not in _BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
-    from .choice import check_runs
+    from .choice import unsupported
 
-    check_runs(backend, model_path)  # a GGUF of an architecture this backend does not implement: say who does
+    if (reason := unsupported(backend, model_path)) is not None:  # say which backend runs this architecture
+        raise UnsupportedArchitecture(reason)
     return _BACKENDS[backend]()(model_path, settings)
 
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import struct
 from dataclasses import dataclass
-
-from .base import UnsupportedArchitecture
-from .common.config import SUPPORTED_ARCHITECTURES
 
 GGUF_MAGIC = b"GGUF"
 
@@ -22,10 +20,11 @@ GGUF_MAGIC = b"GGUF"
 # implement the Llama decoder family themselves (backends/*/models/llama.py); llama.cpp also runs the sliding-window
 # (gemma3, gpt-oss), MoE (qwen3moe, gpt-oss, deepseek2), MLA (deepseek2) and hybrid recurrent (lfm2, qwen35, ...)
 # families, which reach torch and MLX never.
+LLAMA_DECODERS = ("llama", "mistral", "qwen2", "qwen3")  # common.config.SUPPORTED_ARCHITECTURES
 BACKEND_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
     "llamacpp": None,
-    "torch": SUPPORTED_ARCHITECTURES,
-    "mlx": SUPPORTED_ARCHITECTURES,
+    "torch": LLAMA_DECODERS,
+    "mlx": LLAMA_DECODERS,
 }
 
 
@@ -40,25 +39,29 @@ def backends_for(architecture: str) -> list[str]:
 
 
 def gguf_architecture(path: str) -> str | None:
-    """A GGUF file's general.architecture (None: not a GGUF, or unreadable: the loader says why)."""
-    from .common.gguf_file import GGUFFile, is_gguf
-
-    if os.path.isdir(path) or not is_gguf(path):
-        return None
+    """A GGUF file's general.architecture, read from its first metadata key where converters write it (None: not a
+    GGUF, or not found there: the loader then reads the whole header and says what it cannot run)."""
     try:
-        with GGUFFile(path, lazy_arrays_over=0) as gf:
-            arch = gf.metadata.get("general.architecture")
-    except Exception:  # noqa: BLE001 - a bad file is the loader's to report, with its own words
+        with open(path, "rb") as f:
+            head = f.read(24)
+            if len(head) < 24 or head[:4] != GGUF_MAGIC or struct.unpack_from("<Q", head, 16)[0] == 0:
+                return None
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n != len(b"general.architecture") or f.read(n) != b"general.architecture":
+                return None
+            kind, size = struct.unpack("<IQ", f.read(12))
+            value = f.read(size) if kind == 8 and size <= 64 else b""  # 8: a string
+    except (OSError, struct.error):
         return None
-    return arch if isinstance(arch, str) else None
+    return value.decode("utf-8", "replace") or None
 
 
-def check_runs(backend: str, model_path: str) -> None:
-    """UnsupportedArchitecture naming the model's architecture and the backends that run it, when `backend` does not."""
+def unsupported(backend: str, model_path: str) -> str | None:
+    """Why `backend` cannot run the model (its architecture and the backends that run it), None when it can."""
     arch = gguf_architecture(model_path) if BACKEND_ARCHITECTURES.get(backend) is not None else None
-    if not runs(backend, arch):
-        raise UnsupportedArchitecture(
-            f"{model_path}: the {backend} backend does not run architecture {arch!r} (it runs "
+    if runs(backend, arch):
+        return None
+    return (f"{model_path}: the {backend} backend does not run architecture {arch!r} (it runs "
             f"{', '.join(BACKEND_ARCHITECTURES[backend] or ())}); {arch} runs on: {', '.join(backends_for(arch))} "
             f"(EVENFLOW_BACKEND=auto picks it for a GGUF)")
 

@@ -272,49 +272,6 @@ def test_tools_and_thinking_templates(client: ollama.Client, daemon: Daemon) -> 
     client.delete("tooly")
 
 
-def test_tool_call_stream_parses_split_output() -> None:
-    from evenflow.daemon.prompt.reply import ThinkSplitter, ToolCallStream
-    from evenflow.daemon.prompt.tools import format_tool_calls
-
-    calls = [{"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]
-    text = "Let me check. " + format_tool_calls(calls, "hermes")
-    for step in (1, 3, 7):
-        tcs = ToolCallStream(HERMES_TEMPLATE)
-        content, found = "", []
-        pieces = [text[i:i + step] for i in range(0, len(text), step)]
-        for i, piece in enumerate(pieces):
-            c, f = tcs.feed(piece, i == len(pieces) - 1)
-            content += c
-            found += f
-        assert content.strip() == "Let me check."
-        assert found == [{"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]
-    # two calls: the first is out as soon as its </tool_call> arrives, the text before them streams at once
-    two = [{"function": {"name": "get_weather", "arguments": {"city": c}}} for c in ("Paris", "Oslo")]
-    first, second = format_tool_calls(two[:1], "hermes"), format_tool_calls(two[1:], "hermes")
-    tcs = ToolCallStream(HERMES_TEMPLATE)
-    assert tcs.feed("Checking both. <tool_ca", False) == ("Checking both. ", [])
-    assert tcs.feed("ll>" + first[len("<tool_call>"):-3], False) == ("", [])
-    assert tcs.feed(first[-3:] + "\n" + second[:5], False) == \
-        ("", [{"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}])
-    assert tcs.feed(second[5:], True) == \
-        ("", [{"function": {"index": 1, "name": "get_weather", "arguments": {"city": "Oslo"}}}])
-    broken = ToolCallStream(HERMES_TEMPLATE)  # not JSON inside: nothing early, the end decides
-    assert broken.feed("<tool_call>not json</tool_call>", False) == ("", [])
-    thought = "<think>\nplan it</think>\n\nanswer"
-    for step in (1, 2, 5):
-        sp = ThinkSplitter(True)
-        th, co = "", ""
-        pieces = [thought[i:i + step] for i in range(0, len(thought), step)]
-        for i, piece in enumerate(pieces):
-            t, c = sp.feed(piece, i == len(pieces) - 1)
-            th, co = th + t, co + c
-        assert (th, co) == ("plan it", "answer")
-    assert ThinkSplitter(True).split_all("no tags here") == ("", "no tags here")
-    opened = ThinkSplitter(True, prompt="<|im_start|>assistant\n<think>\n")  # the template opened the section
-    assert opened.feed("still ") == ("still ", "") and opened.feed("thinking</th") == ("thinking", "")
-    assert opened.feed("ink> done", final=True) == ("", "done")
-
-
 def test_num_ctx_reloads_only_when_larger(client: ollama.Client, daemon: Daemon) -> None:
     client.generate("tiny", "x", options={"num_predict": 1})
     assert client.ps().models[0].context_length == 1024

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 from evenflow.backends.base import RunnerSettings, load_runner  # noqa: E402
-from evenflow.backends.synthetic.arch_families import FAMILIES  # noqa: E402
+from evenflow.backends.synthetic.tokenizer import family_for  # noqa: E402
 from evenflow.backends.synthetic.archs import ARCHS, GGUF_ONLY  # noqa: E402
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from evenflow.daemon.prompt.templates import render_chat  # noqa: E402
@@ -51,7 +51,7 @@ def test_the_architecture_loads_with_its_tokenizer_and_chat_template(arch, synth
     r = load(path)
     try:
         assert r.info.architecture == arch and r.checkpoint_every == (512 if "recurrent" in ARCHS[arch].kind else None)
-        tok, fam = r.tokenizer, FAMILIES[arch]
+        tok, fam = r.tokenizer, family_for(arch)
         text = "def main():\n    return 'héllo wörld' 😀"
         assert tok.decode(tok.encode(text, add_special=False)) == text
         prompt = render_chat(r.chat_template, [{"role": "system", "content": "Be brief."},

@@ -158,7 +158,7 @@ def test_model_parameter_num_ctx_sets_the_window(http: httpx.Client) -> None:
     assert http.post("/api/generate", json={"model": "demo-6k"}).status_code == 200  # loads it
     assert _ps(http)["demo-6k:latest"] == 6000
     r = http.post("/api/generate", json={"model": "demo-6k", "prompt": "word " * 7000, "stream": False,
-                                         "options": {"num_predict": 1}})
+                                         "truncate": False, "options": {"num_predict": 1}})
     assert r.status_code == 400 and "context length of model 'demo-6k:latest' is 6000 tokens" in r.json()["error"]
     r = http.post("/api/generate", json={"model": "demo-6k", "prompt": "hi", "stream": False,
                                          "options": {"num_predict": 1, "num_ctx": 8192}})

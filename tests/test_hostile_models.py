@@ -144,19 +144,23 @@ def test_a_chat_too_long_for_the_window_is_refused_by_its_size(http: httpx.Clien
     # issue 27: 50,000 messages took 48 s of a worker (render, then llama.cpp tokenizing megabytes) before the 400;
     # the render now stops once the prompt is longer than the window could hold in any tokenization
     msgs = [{"role": "user", "content": "hello there"}] * 50_000
-    _err(http.post("/api/chat", json={"model": "tiny", "messages": msgs, "stream": False}),
+    _err(http.post("/api/chat", json={"model": "tiny", "messages": msgs, "stream": False, "truncate": False}),
          "is longer than the context length of model 'tiny:latest' (256 tokens) can hold")
-    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "hello " * 200_000, "raw": True, "stream": False}),
-         "can hold: over")
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "hello " * 200_000, "raw": True, "stream": False,
+                                          "truncate": False}), "can hold: over")
     r = http.post("/v1/completions", json={"model": "tiny", "prompt": "hello " * 200_000})
-    assert r.status_code == 400 and "can hold: over" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "tokens (over" in r.json()["error"]["message"]
+    # issue 38: with Ollama's `truncate` (the default) the oldest messages go, found in a few bounded renders
+    r = http.post("/api/chat", json={"model": "tiny", "messages": msgs, "stream": False,
+                                     "options": {"num_predict": 1}})
+    assert r.status_code == 200 and r.json()["truncated"]["messages"] > 49_000, r.text
     short = [{"role": "user", "content": "hello there"}] * 5
     r = http.post("/api/chat", json={"model": "tiny", "messages": short, "stream": False,
                                      "options": {"num_predict": 1}})
     assert r.status_code == 200, r.text
     # a prompt the bound lets through still gets the exact token count's answer
-    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "hello " * 300, "raw": True, "stream": False}),
-         "tokens but the context length")
+    _err(http.post("/api/generate", json={"model": "tiny", "prompt": "hello " * 300, "raw": True, "stream": False,
+                                          "truncate": False}), "tokens but the context length")
 
 
 def _write_model(store, name: str, layers: list) -> None:

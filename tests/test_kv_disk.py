@@ -156,13 +156,12 @@ LAYOUTS = [
     pytest.param(("llamacpp", "gguf", "unified"), id="llamacpp-unified",
                  marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python")),
 ]
-# The factory's GGUF-only architectures, in llama.cpp's default layout for a pool of full windows (streams); the hybrid
-# recurrent and the sliding-window ones in the unified layout too (their prefixes carry state checkpoints or windows:
+# The factory's GGUF-only architectures, in llama.cpp's default layout for a pool of full windows (streams); a hybrid
+# recurrent and a sliding-window one in the unified layout too (their prefixes carry state checkpoints or windows:
 # recurrent.pack_prefix, window.SlidingWindow.export).
 LAYOUTS += [pytest.param(("llamacpp", "gguf", layout, arch), id=f"llamacpp-{layout}-{arch}",
                          marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python"))
-            for arch in GGUF_ONLY
-            for layout in (("streams", "unified") if arch in ("lfm2", "qwen35", "gemma3", "gpt-oss") else ("streams",))]
+            for arch in GGUF_ONLY for layout in (("streams", "unified") if arch in ("lfm2", "gemma3") else ("streams",))]
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)

@@ -83,6 +83,9 @@ class HFTokenizer:
             tid = tok.token_to_id(name)
             if tid is not None:
                 eos.add(tid)
+        if tok.token_to_id("<|return|>") is not None and tok.token_to_id("<|call|>") is not None:
+            # gpt-oss (harmony): <|end|> closes one message of a reply, <|return|>/<|call|> end it (as llama.cpp)
+            eos.discard(tok.token_to_id("<|end|>"))
         self.eos_ids = eos
         self._bytes = self._token_bytes_table(added)
 

@@ -21,13 +21,15 @@ import struct
 
 import llama_cpp.llama_cpp as L
 
+from ..common.memory import available_host_bytes
 from .native import take_recent_errors
 
 log = logging.getLogger(__name__)
 
 PARTIAL = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the memory that cannot be cut: the recurrent states
 MIN_BUDGET = 64 << 20  # checkpoints kept in host memory: at least this many bytes ...
-STATES_PER_SLOT = 4  # ... or this many states per slot, whichever is more
+STATES_PER_SLOT = 4  # ... or this many states per slot ...
+RAM_SHARE = 0.1  # ... but no more than this share of the memory available when the first one is taken
 
 
 class RecurrentStates:
@@ -70,7 +72,8 @@ class RecurrentStates:
         data = self.save(seq)
         if not self.state_bytes:
             self.state_bytes = len(data)
-            self.budget = max(MIN_BUDGET, STATES_PER_SLOT * self._num_slots * len(data))
+            want = min(STATES_PER_SLOT * self._num_slots * len(data), int(available_host_bytes() * RAM_SHARE))
+            self.budget = max(MIN_BUDGET, want, 2 * len(data))
             log.info("recurrent state: %d bytes per sequence; checkpoints keep up to %.0f MiB", len(data),
                      self.budget / 2**20)
         if decode:

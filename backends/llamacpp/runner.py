@@ -512,7 +512,10 @@ class LlamaCppRunner(Runner):
         if not got:
             return None
         data = ctypes.string_at(buf, got)
-        return data if self._states is None else pack_prefix(data, self._states.along(blocks))
+        if self._states is None:
+            return data
+        points = self._states.along(blocks)  # without one, a restore would recompute the whole prefix anyway
+        return pack_prefix(data, points) if points else None
 
     def import_prefix(self, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
         """Into a free stream (or holder id), trimmed to the prefix; parked there as a finished sequence's cells."""
@@ -529,13 +532,12 @@ class LlamaCppRunner(Runner):
             data, points = parts if parts is not None else (b"", [])
         src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
         if data and L.llama_state_seq_set_data(self._ctx, src, len(data), seq) and self._remove(seq, n, -1):
-            if self._states is not None:  # held cells keep no recurrent state; the checkpoints come back as such
-                for i, state in points:
+            if L.llama_memory_seq_pos_min(self._mem, seq) == 0 and (
+                    self._states is not None  # held cells keep no recurrent state: a hybrid's pos_max says -1
+                    or L.llama_memory_seq_pos_max(self._mem, seq) == n - 1):
+                for i, state in points:  # the checkpoints come back as such
                     if i < len(blocks):
                         self._states.put(blocks[i], state)
-                self._cells.adopt(seq, blocks)
-                return True
-            if L.llama_memory_seq_pos_min(self._mem, seq) == 0 and L.llama_memory_seq_pos_max(self._mem, seq) == n - 1:
                 self._cells.adopt(seq, blocks)
                 return True
         log.warning("llama.cpp did not take a saved prefix of %d tokens back%s", n,

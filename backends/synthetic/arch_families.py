@@ -3,13 +3,11 @@
 The BPE itself is the factory's own (tokenizer.py); what differs per family is which control tokens it carries,
 where they sit, which end a turn, and the chat template that uses them. The templates are written for evenflow in
 each family's wire format (Gemma's turns, gpt-oss's harmony, LFM2's ChatML, DeepSeek's full-width markers), not
-copied from the models' own files.
+copied from the models' own files. Qwen3-MoE and Qwen3.5 use Qwen3's (tokenizer.py).
 """
 from __future__ import annotations
 
-import dataclasses
-
-from .tokenizer import LLAMA3_PATTERN, QWEN3, Family
+from .family import LLAMA3_PATTERN, Family
 
 GEMMA_TEMPLATE = (
     "{{- bos_token }}"
@@ -81,11 +79,5 @@ DEEPSEEK = Family(("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>
                   "<｜▁pad▁｜>", None, ("<｜end▁of▁sentence｜>",), True, "llama-bpe", LLAMA3_PATTERN, True,
                   DEEPSEEK_TEMPLATE)
 
-FAMILIES: dict[str, Family] = {
-    "gemma3": GEMMA,
-    "gpt-oss": HARMONY,
-    "qwen3moe": QWEN3,
-    "qwen35": dataclasses.replace(QWEN3),
-    "lfm2": LFM2,
-    "deepseek2": DEEPSEEK,
-}
+# (qwen3moe and qwen35 are Qwen3's family: tokenizer.family_for)
+FAMILIES: dict[str, Family] = {"gemma3": GEMMA, "gpt-oss": HARMONY, "lfm2": LFM2, "deepseek2": DEEPSEEK}

@@ -21,6 +21,7 @@ from .generation import Generate
 from .options import check_num_ctx, sampling_params
 from .plan import Plan
 from .prepare import Prepared
+from .prompt_size import ContextOverflow
 
 router = APIRouter(prefix="/v1")
 
@@ -36,8 +37,10 @@ def plan(req: MessagesRequest) -> Plan:
     return Plan(bool(req.stream), args=(conversation(req),))
 
 
-def _render(model: LoadedModel, conv: Conversation) -> tuple[str, list[int], bool | str | None, int, list | None]:
-    """The chat prompt as /api/chat renders it: (text, ids, think, window, image spans)."""
+def _render(model: LoadedModel, conv: Conversation,
+            fit: bool | None = None) -> tuple[prepare.ChatPrompt, bool | str | None, int]:
+    """The chat prompt as /api/chat renders it (`fit` False: a ContextOverflow when it does not fit the window;
+    None: as it is, to count it), the think setting and the window."""
     think = conv.think
     if think is None and conv.effort and prompting.thinking_tags(model):
         think = conv.effort  # output_config.effort: a level for a model that thinks, nothing for one that does not
@@ -46,8 +49,7 @@ def _render(model: LoadedModel, conv: Conversation) -> tuple[str, list[int], boo
     given = [m.get("images") or [] for m in conv.messages]
     messages = [{k: v for k, v in m.items() if k != "images"} for m in conv.messages]
     messages, images = prepare._message_images(model, model.name, messages, given)
-    text, ids, embeds = prepare._chat_prompt(model, messages, conv.tools, think, window, images)
-    return text, ids, think, window, embeds
+    return prepare._chat_prompt(model, messages, conv.tools, think, window, images, fit), think, window
 
 
 def tool_grammar(model: LoadedModel, tools: list[dict[str, Any]]) -> str:
@@ -74,11 +76,16 @@ def params(model: LoadedModel, req: MessagesRequest) -> SamplingParams:
 
 
 def prepare_messages(model: LoadedModel, req: MessagesRequest, conv: Conversation) -> Prepared:
-    """/v1/messages: the conversation rendered as /api/chat would, its sampling, a forced tool call's grammar."""
-    text, ids, think, window, embeds = _render(model, conv)
+    """/v1/messages: the conversation rendered as /api/chat would, its sampling, a forced tool call's grammar. Too
+    long for the window: Anthropic's `prompt is too long: N tokens > M maximum` (nothing is dropped)."""
+    try:
+        cp, think, window = _render(model, conv, fit=False)
+    except ContextOverflow as e:
+        raise e.as_anthropic() from None
     grammar = tool_grammar(model, conv.forced) if conv.forced else prepare.check_format(conv.schema)
-    prep = prepare._finish(model, text, ids, params(model, req), window, think, conv.tools, grammar)
-    prep.embeds = embeds
+    prep = prepare._finish(model, cp.text, cp.ids, params(model, req), window, think, conv.tools, grammar)
+    prep.embeds = cp.embeds
+    prep.progress = bool(req.return_progress)
     return prep
 
 
@@ -93,7 +100,7 @@ async def messages(request: Request) -> Response:
 
 
 def _count(model: LoadedModel, conv: Conversation) -> int:
-    return len(_render(model, conv)[1])
+    return len(_render(model, conv)[0].ids)
 
 
 @router.post("/messages/count_tokens")

@@ -126,7 +126,7 @@ class AnthropicReply:
 
     def __init__(self, req: MessagesRequest, model: LoadedModel, prep: Prepared) -> None:
         self.max_tokens = req.max_tokens
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
         self.token_bytes = model.runner.tokenizer.token_bytes
         self.stops = prep.params.stop or []
         self.writer = MessageWriter(req.model, len(prep.prompt_ids))
@@ -162,6 +162,9 @@ class AnthropicReply:
         any_calls = False
         try:
             async for p in pieces:
+                if p.progress is not None:  # a `ping` the SDK skips, carrying the report (return_progress)
+                    yield {"type": "ping", "prompt_progress": p.progress}
+                    continue
                 texts.append(p.text)
                 ids += p.token_ids
                 thinking, text, calls = self.parser.feed(p.text, p.final is not None)

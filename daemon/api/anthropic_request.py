@@ -42,6 +42,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: Optional[StrictInt] = None
     stop_sequences: Optional[list[StrictStr]] = None
     metadata: Optional[dict[str, Any]] = None
+    return_progress: Optional[StrictBool] = None  # evenflow's: prompt progress in `ping` events (the SDK skips them)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from fastapi import Request
 
 from ..engine.engine import EngineStopped, PromptTooLong, QueueFull
 from ..manager import Lease
+from . import overflow
 from .errors import SERVER_BUSY, APIError
 from .prepare import Prepared
 
@@ -28,6 +29,7 @@ class Generation:
     logprobs: list[Any] = field(default_factory=list)  # engine TokenLogprob per token, when asked
     offsets: list[int] = field(default_factory=list)  # character offset in `text` where each of those starts
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    truncated: dict[str, Any] | None = None  # what the prompt lost to fit the window, and context shifts
 
 
 @dataclass
@@ -40,6 +42,8 @@ class Piece:
     logprobs: list[Any] | None
     final: dict[str, Any] | None
     cached_tokens: int = 0  # with `final`: prompt tokens served from the prefix cache
+    truncated: dict[str, Any] | None = None  # with `final`: the `truncated` report (overflow.report), if any
+    progress: dict[str, Any] | None = None  # a prompt progress report (no text): the request asked for them
 
 
 async def _watch_disconnect(request: Request, on_gone) -> None:
@@ -71,7 +75,8 @@ async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint
                                                   else -1) for i in range(1, prep.n)]
     try:
         streams = engine.submit_group(prep.prompt_ids, params, user=user, constraint=prep.constraint,
-                                      logprobs=prep.logprobs, priority=prep.priority, embeds=prep.embeds)
+                                      logprobs=prep.logprobs, priority=prep.priority, embeds=prep.embeds,
+                                      progress=prep.progress)
     except PromptTooLong as e:
         raise APIError(400, str(e)) from None
     except QueueFull:
@@ -80,7 +85,10 @@ async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint
         raise APIError(503, "the model is being unloaded or the server is shutting down; retry") from None
     except ValueError as e:
         raise APIError(400, str(e)) from None
-    return EngineChunks(request, engine, streams, lease, t_start)
+    if prep.truncation is not None:
+        overflow.announce(request.app.state.ctx.events, endpoint, model.name, streams[0].seq_id,
+                          len(prep.prompt_ids), prep.window, prep.truncation)
+    return EngineChunks(request, engine, streams, lease, t_start, prep.truncation)
 
 
 async def _merged(streams: list[Any]) -> AsyncIterator[tuple[int, Any]]:
@@ -113,8 +121,10 @@ class EngineChunks:
     that did not finish (their KV freed at the next engine step) and releases the lease. `collect_all()` and the
     streamed responses call it however they end: done, failed, client gone, even before iterating."""
 
-    def __init__(self, request: Request, engine: Any, streams: list[Any], lease: Lease, t_start: int) -> None:
+    def __init__(self, request: Request, engine: Any, streams: list[Any], lease: Lease, t_start: int,
+                 truncation: overflow.Truncation | None = None) -> None:
         self.request, self.engine, self.streams, self.lease, self.t_start = request, engine, streams, lease, t_start
+        self.truncation = truncation
         self.done: set[int] = set()
 
     @property
@@ -134,6 +144,9 @@ class EngineChunks:
         watcher = asyncio.create_task(_watch_disconnect(self.request, self._abort_rest))
         try:
             async for i, d in _merged(self.streams):
+                if d.progress is not None:
+                    yield Piece(i, "", [], None, None, progress=d.progress)
+                    continue
                 if not d.done:
                     yield Piece(i, d.text, list(d.token_ids), d.logprobs, None)
                     continue
@@ -148,7 +161,8 @@ class EngineChunks:
                 m["load_duration"] = self.lease.load_duration_ns
                 m["total_duration"] = time.perf_counter_ns() - self.t_start
                 yield Piece(i, d.text, list(d.token_ids), d.logprobs, {"done_reason": d.done_reason or "stop", **m},
-                            d.metrics.cached_tokens if d.metrics is not None else 0)
+                            d.metrics.cached_tokens if d.metrics is not None else 0,
+                            overflow.report(self.truncation, d.metrics))
         finally:
             watcher.cancel()
             self._abort_rest()  # consumer gone (disconnect, error): free the slots and KV
@@ -161,6 +175,8 @@ async def collect_all(chunks: EngineChunks) -> list[Generation]:
     sizes = [0] * len(gens)
     try:
         async for p in chunks.pieces():
+            if p.progress is not None:
+                continue
             g = gens[p.index]
             if p.logprobs:
                 g.logprobs.extend(p.logprobs)
@@ -172,6 +188,7 @@ async def collect_all(chunks: EngineChunks) -> list[Generation]:
                 g.done_reason = p.final.pop("done_reason")
                 g.metrics = p.final
                 g.cached_tokens = p.cached_tokens
+                g.truncated = p.truncated
     finally:
         chunks.close()
     for g, ps in zip(gens, parts):

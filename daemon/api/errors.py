@@ -27,11 +27,12 @@ SERVER_BUSY = "server busy, please try again.  maximum pending requests exceeded
 class APIError(Exception):
     """An error answered with `status` and a message (Ollama shape, or OpenAI shape under /v1)."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.code = code  # OpenAI's error `code` (e.g. "context_length_exceeded"), under /v1
 
 
 def from_manager(exc: ManagerError) -> APIError:
@@ -73,21 +74,23 @@ def anthropic_error(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
+def error_body(path: str, status: int, message: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
     """Ollama's `{"error": msg}`, OpenAI's `{"error": {message, type, param, code}}` under /v1, Anthropic's under
     /v1/messages."""
     if is_anthropic(path):
         return anthropic_error(status, message)
     if path.startswith("/v1/") or path == "/v1":
-        return {"error": {"message": message, "type": openai_error_type(status), "param": param, "code": None}}
+        return {"error": {"message": message, "type": openai_error_type(status), "param": param, "code": code}}
     return {"error": message}
 
 
-def error_response(request: Request, status: int, message: str, param: str | None = None) -> JSONResponse:
+def error_response(request: Request, status: int, message: str, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
     path = request.url.path
     if status == 503 and is_anthropic(path):
         status = 529  # Anthropic's "overloaded": what its clients expect (and retry) for a busy server
-    return JSONResponse(error_body(path, status, message, param), status_code=status)
+    return JSONResponse(error_body(path, status, message, param, code), status_code=status)
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -95,7 +98,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(request, exc.status, exc.message, exc.param)
+        return error_response(request, exc.status, exc.message, exc.param, exc.code)
 
     @app.exception_handler(ManagerError)
     async def _manager_error(request: Request, exc: ManagerError) -> JSONResponse:

@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..manager import LoadedModel
-from . import prepare, remote
+from . import overflow, prepare, remote
 from .embedding import embed_ids
 from .engine_stream import Generation, Piece, collect_all, engine_stream
 from .options import requested_gpu
@@ -70,14 +70,16 @@ async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Respo
     lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=gpu)
     try:
         prep = await ctx.workers.run(request, kind.prepare, lease.model, req, *plan.args)
+        prep.progress = prep.progress and plan.stream  # progress is for streams only
         chunks = await engine_stream(request, lease, prep, kind.endpoint, t0)
     except BaseException:
         lease.release()
         raise
     reply = kind.reply(req, lease.model, prep)
+    headers = {overflow.HEADER: prep.truncation.header()} if prep.truncation is not None else None
     if not plan.stream:
-        return JSONResponse(reply.whole(await collect_all(chunks)))
-    return streamed(kind.wire, reply.stream(chunks.pieces()), chunks.close)
+        return JSONResponse(reply.whole(await collect_all(chunks)), headers=headers)
+    return streamed(kind.wire, reply.stream(chunks.pieces()), chunks.close, headers)
 
 
 async def _load_only(ctx: Any, kind: Generate, name: str, keep_alive: float | None,

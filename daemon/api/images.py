@@ -117,6 +117,11 @@ def tag_messages(messages: list[dict[str, Any]], images: list[list[bytes]]) -> t
     return out, flat
 
 
+def count_tags(text: str, n_images: int) -> int:
+    """The images a rendered prompt holds: its `[img-N]` tags that name one of the request's `n_images`."""
+    return sum(1 for m in _TAG.finditer(text) if int(m.group(1)) < n_images)
+
+
 def build_prompt(model: Any, text: str, images: list[bytes], add_special: bool) -> MultimodalPrompt:
     """The rendered prompt's `[img-N]` tags as the backend's image marker, tokenized with the images encoded
     (here, in the prepare worker). An image the template dropped (an old turn cut) is not sent."""

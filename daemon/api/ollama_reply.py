@@ -25,18 +25,20 @@ class GenerateReply:
 
     def __init__(self, req: GenerateRequest, model: LoadedModel, prep: Prepared) -> None:
         self.req, self.prompt_ids = req, prep.prompt_ids
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, None)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, None, prep.arch)
         self.tokenizer = model.runner.tokenizer
 
-    def _final(self, output_ids: list[int], final: dict[str, Any]) -> dict[str, Any]:
+    def _final(self, output_ids: list[int], final: dict[str, Any], truncated: dict[str, Any] | None) -> dict[str, Any]:
         out = {"model": self.req.model, "created_at": now_rfc3339(), "response": "", "done": True, **final}
         if not self.req.raw:
             out["context"] = [t for t in self.prompt_ids if t >= 0] + output_ids  # image placeholders left out
+        if truncated:
+            out["truncated"] = truncated
         return out
 
     def whole(self, gens: list[Generation]) -> dict[str, Any]:
         g = gens[0]
-        body = self._final(g.token_ids, {"done_reason": g.done_reason, **g.metrics})
+        body = self._final(g.token_ids, {"done_reason": g.done_reason, **g.metrics}, g.truncated)
         thinking, content, _ = self.parser.parse_all(g.text)
         body["response"] = content
         if thinking:
@@ -48,6 +50,10 @@ class GenerateReply:
     async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
         out_ids: list[int] = []
         async for p in pieces:
+            if p.progress is not None:  # only when the request asked (return_progress)
+                yield {"model": self.req.model, "created_at": now_rfc3339(), "response": "", "done": False,
+                       "prompt_progress": p.progress}
+                continue
             out_ids.extend(p.token_ids)
             thinking, content, _ = self.parser.feed(p.text, p.final is not None)
             if content or thinking or p.logprobs:  # logprobs go out even while the parser holds text back
@@ -58,7 +64,7 @@ class GenerateReply:
                     obj["logprobs"] = lp_format.ollama(self.tokenizer, p.logprobs)
                 yield obj
             if p.final is not None:
-                yield self._final(out_ids, p.final)
+                yield self._final(out_ids, p.final, p.truncated)
 
 
 class ChatReply:
@@ -72,7 +78,7 @@ class ChatReply:
 
     def __init__(self, req: ChatRequest, model: LoadedModel, prep: Prepared) -> None:
         self.model = req.model
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
         self.tokenizer = model.runner.tokenizer
 
     def _chunk(self, content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:
@@ -88,12 +94,17 @@ class ChatReply:
         thinking, content, calls = self.parser.parse_all(g.text)
         body = self._chunk(content, thinking, calls)
         body.update(done=True, done_reason=g.done_reason, **g.metrics)
+        if g.truncated:
+            body["truncated"] = g.truncated
         if g.logprobs:
             body["logprobs"] = lp_format.ollama(self.tokenizer, g.logprobs)
         return body
 
     async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
         async for p in pieces:
+            if p.progress is not None:  # only when the request asked (return_progress)
+                yield {**self._chunk(), "prompt_progress": p.progress}
+                continue
             final = p.final
             thinking, content, calls = self.parser.feed(p.text, final is not None)
             out = ([self._chunk("", thinking)] if thinking else []) + ([self._chunk(content)] if content else []) \
@@ -106,6 +117,8 @@ class ChatReply:
             if final is not None:
                 done = self._chunk()
                 done.update(done=True, **final)
+                if p.truncated:
+                    done["truncated"] = p.truncated
                 yield done
 
 

@@ -45,7 +45,7 @@ class ChatCompletionReply:
 
     def __init__(self, req: ChatCompletionRequest, model: LoadedModel, prep: Prepared) -> None:
         self.n = prep.n
-        self.parsers = [ReplyParser(prep.template, prep.text, prep.think, prep.tools) for _ in range(prep.n)]
+        self.parsers = [ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch) for _ in range(prep.n)]
         self.tokenizer = model.runner.tokenizer
         self.want_lp = prep.logprobs is not None
         self.base = {"id": f"chatcmpl-{random.randint(0, 998)}", "created": int(time.time()), "model": req.model,
@@ -63,8 +63,8 @@ class ChatCompletionReply:
                 msg["tool_calls"] = _tool_calls(calls)
             choices.append({"index": i, "message": msg, "finish_reason": _finish(g.done_reason, bool(calls)),
                             "logprobs": lp_format.openai_chat(self.tokenizer, g.logprobs) if self.want_lp else None})
-        return {**self.base, "object": "chat.completion", "choices": choices,
-                "usage": _usage([g.metrics for g in gens])}
+        out = {**self.base, "object": "chat.completion", "choices": choices, "usage": _usage([g.metrics for g in gens])}
+        return _with_truncated(out, gens)
 
     async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
         first = [True] * self.n
@@ -87,6 +87,11 @@ class ChatCompletionReply:
 
         async for p in pieces:
             i = p.index
+            if p.progress is not None:  # llama-server's return_progress chunk (only when asked)
+                obj = {**self.base, "object": "chat.completion.chunk", "prompt_progress": p.progress, "choices": [
+                    {"index": i, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]}
+                yield {**obj, "usage": None} if self.include_usage else obj
+                continue
             pending[i].extend(p.logprobs or [])
             thinking, content, calls = self.parsers[i].feed(p.text, p.final is not None)
             if thinking:
@@ -97,7 +102,8 @@ class ChatCompletionReply:
                 any_calls[i] = True
                 yield ch(i, {"tool_calls": _tool_calls(calls)})
             if p.final is not None:
-                yield ch(i, {} if not first[i] else {"content": ""}, _finish(p.final["done_reason"], any_calls[i]))
+                last = ch(i, {} if not first[i] else {"content": ""}, _finish(p.final["done_reason"], any_calls[i]))
+                yield {**last, "truncated": p.truncated} if p.truncated else last
                 finals.append(p.final)
                 if self.include_usage and len(finals) == self.n:
                     yield {**self.base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(finals)}
@@ -115,11 +121,11 @@ class CompletionReply:
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def whole(self, gens: list[Generation]) -> dict[str, Any]:
-        return {**self.base, "choices": [
+        return _with_truncated({**self.base, "choices": [
             {"text": g.text, "index": i,
              "logprobs": lp_format.legacy(self.tokenizer, g.logprobs, g.offsets, g.text) if self.want_lp else None,
              "finish_reason": _finish(g.done_reason, False)} for i, g in enumerate(gens)],
-            "usage": _usage([g.metrics for g in gens])}
+            "usage": _usage([g.metrics for g in gens])}, gens)
 
     async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
         sizes = [0] * self.n  # characters streamed per choice: the base of text_offset
@@ -127,6 +133,11 @@ class CompletionReply:
         finals: list[dict[str, Any]] = []
         async for p in pieces:
             i = p.index
+            if p.progress is not None:  # llama-server's return_progress chunk (only when asked)
+                obj = {**self.base, "prompt_progress": p.progress,
+                       "choices": [{"text": "", "index": i, "logprobs": None, "finish_reason": None}]}
+                yield {**obj, "usage": None} if self.include_usage else obj
+                continue
             pending[i].extend(p.logprobs or [])
             if p.final is None and not p.text:
                 continue  # a partial character: its logprobs go with the chunk that completes it
@@ -137,6 +148,8 @@ class CompletionReply:
             sizes[i] += len(p.text)
             finish = None if p.final is None else _finish(p.final["done_reason"], False)
             obj = {**self.base, "choices": [{"text": p.text, "index": i, "logprobs": lp, "finish_reason": finish}]}
+            if p.truncated:
+                obj["truncated"] = p.truncated
             if self.include_usage:
                 obj["usage"] = None  # as OpenAI: null on content chunks, the real usage on the last one
             yield obj
@@ -144,6 +157,12 @@ class CompletionReply:
                 finals.append(p.final)
                 if self.include_usage and len(finals) == self.n:
                     yield {**self.base, "choices": [], "usage": _usage(finals)}
+
+
+def _with_truncated(body: dict[str, Any], gens: list[Generation]) -> dict[str, Any]:
+    """The body with evenflow's `truncated` report (what the prompt lost, the context shifts), when there is one."""
+    report = next((g.truncated for g in gens if g.truncated), None)
+    return {**body, "truncated": report} if report else body
 
 
 def embedding_reply(req: EmbeddingRequest, vectors: list[Any], tokens: int, load_duration_ns: int,

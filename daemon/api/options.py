@@ -10,6 +10,7 @@ from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import InvalidParams, SamplingParams
 from ..manager import GpuOptions, LoadedModel
 from .errors import APIError
+from .prompt_size import ContextOverflow
 from .schemas import ChatRequest, GenerateRequest
 
 
@@ -79,9 +80,7 @@ def fit_to_context(prompt_ids: list[int], params: SamplingParams, ctx: int, mode
     """400 for a prompt that does not fit; caps num_predict when this request's num_ctx is below the window."""
     n = len(prompt_ids)
     if n >= ctx:
-        raise APIError(400, f"the prompt is {n} tokens but the context length of model '{model.name}' is {ctx} "
-                            f"tokens (it must leave room for at least one generated token); shorten the prompt "
-                            f"or raise num_ctx (up to {model.trained_context})")
+        raise ContextOverflow(model.name, ctx, model.trained_context, n)
     if ctx < model.context_length:
         room = ctx - n
         params.num_predict = room if params.num_predict < 0 else min(params.num_predict, room)

@@ -14,11 +14,19 @@ from ..engine.params import SamplingParams
 from ..manager import LoadedModel
 from ...backends.base import EmbedSpan
 from . import images as image_input
-from . import prompt_size, prompting
+from . import overflow, prompt_size, prompting
 from .errors import APIError
 from .options import (check_num_ctx, fit_to_context, ollama_logprobs, options_priority, request_priority,
                       sampling_params)
+from .overflow import Truncation
+from .prompt_size import ContextOverflow
 from .schemas import ChatCompletionRequest, ChatRequest, CompletionRequest, GenerateRequest
+
+IMAGE_TOKENS = 768  # an image's positions as estimated while a chat is cut to fit (Ollama's heuristic), until built
+OPEN_ENDED_WINDOWS = 10  # with `shift`, num_predict -1 stops after this many windows (Ollama's bound)
+NOT_TRUNCATED = "; `truncate` is false: nothing was dropped to fit"
+OPENAI_HINT = " Send \"truncation\": \"auto\" to drop the oldest messages instead."
+OPENAI_PROMPT_HINT = " Send \"truncation\": \"auto\" to keep the prompt's start and end instead."
 
 
 @dataclass
@@ -36,7 +44,10 @@ class Prepared:
     n: int = 1  # choices sampled from the one prompt (/v1 `n`)
     priority: int = 0  # lower is scheduled sooner (the engine's prompt order)
     template: str | None = None  # the model's template: the reply is read back in its tool-call format
+    arch: str | None = None  # the model's architecture: with the template, it picks the reply format
     embeds: list[EmbedSpan] | None = None  # image spans of the prompt, encoded here (images.py)
+    truncation: Truncation | None = None  # what the prompt lost to fit the window (overflow.py)
+    progress: bool = False  # the stream carries prompt progress (the request asked: `return_progress`)
 
 
 def check_format(fmt: Any) -> str | None:
@@ -49,10 +60,11 @@ def check_format(fmt: Any) -> str | None:
 
 def constraint_for(model: LoadedModel, grammar: str | None, think: bool | str | None) -> Constraint | None:
     """The grammar as this model's matcher. With thinking on, the thinking stays free and the answer after
-    the closing tag is constrained (Ollama generates until thinking ends, then applies the grammar)."""
+    the closing tag is constrained (Ollama generates until thinking ends, then applies the grammar); so too for a
+    model that thinks whatever `think` says (gpt-oss: the answer is its final channel)."""
     if grammar is None:
         return None
-    tags = prompting.thinking_tags(model) if think else None
+    tags = prompting.thinking_tags(model) if think or prompting.always_thinks(model) else None
     try:
         return model.engine.grammars.compile(grammar, start_after=tags[1] if tags else None)
     except GrammarError as e:
@@ -83,12 +95,14 @@ def _finish(model: LoadedModel, text: str, ids: list[int], params: SamplingParam
             grammar: str | None = None) -> Prepared:
     cancel.checkpoint()  # before compiling the grammar, the last long step
     fit_to_context(ids, params, window, model)
+    params.preserved_tokens = prompting.preserved_tokens(model)
     return Prepared(text, ids, params, window, think, tools, constraint_for(model, grammar, think),
-                    template=prompting.template_of(model))
+                    template=prompting.template_of(model), arch=prompting.architecture(model))
 
 
 def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> Prepared:
-    """/api/generate: the request's template (or the model's), raw mode, `context` ids prepended."""
+    """/api/generate: the request's template (or the model's), raw mode, `context` ids prepended; a prompt too long
+    for the window keeps its start and end (`truncate`, on by default), as Ollama's runner does."""
     grammar = check_format(req.format)
     window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
@@ -98,22 +112,45 @@ def generate(model: LoadedModel, req: GenerateRequest, num_ctx: int | None) -> P
         image_input.check_vision(model, req.model)
         images = image_input.decode_images(req.images, "images")
         prompt = "".join(f"[img-{i}] " for i in range(len(images))) + prompt  # Ollama's tags before the prompt
+    truncate = req.truncate is not False
     given = len(prompt) + len(req.system or "") + len(req.suffix or "")
     limit = prompt_size.char_limit(model, window, given)
     if req.raw:
         text, add_special = prompt, True
-    else:
+    else:  # rendered whole when it may be cut: its end is what stays
         text, add_special = prompting.render_generate(model, prompt, system=req.system,
                                                       suffix=req.suffix or "", template=req.template, think=think,
-                                                      window=window, max_chars=limit)
-    prompt_size.check_text(model, text, window, limit)
-    ids, embeds = _ids(model, text, add_special and not req.context, images, list(req.context or []))
+                                                      window=window, max_chars=None if truncate else limit)
     params = sampling_params(req.options, model.record.params)
+    add = add_special and not req.context
+    try:
+        if images:
+            prompt_size.check_text(model, text, window, limit)
+            ids, embeds = _ids(model, text, add, images, list(req.context or []))
+            cut = None
+            if len(ids) >= window:
+                raise overflow.refusal(model, window, len(ids), hint="; a prompt with images is not truncated")
+        else:
+            ids, cut = overflow.fit_prompt(model, text, add, list(req.context or []), window, limit,
+                                           params.num_keep, truncate)
+            embeds = None
+    except ContextOverflow as e:
+        raise e if truncate else e.with_hint(NOT_TRUNCATED) from None
+    _ollama_shift(params, req.shift, window)
     prep = _finish(model, text, ids, params, window, think, grammar=grammar)
-    prep.embeds = embeds
+    prep.embeds, prep.truncation = embeds, cut
     prep.logprobs = ollama_logprobs(req)
     prep.priority = options_priority(req.options)
+    prep.progress = bool(req.return_progress)
     return prep
+
+
+def _ollama_shift(params: SamplingParams, shift: bool | None, window: int) -> None:
+    """Ollama's `shift` (on unless false): a full window drops its middle and generation goes on, up to
+    OPEN_ENDED_WINDOWS windows when num_predict is -1."""
+    params.shift = shift is not False
+    if params.shift and params.num_predict == -1:
+        params.num_predict = OPEN_ENDED_WINDOWS * window
 
 
 def _ids(model: LoadedModel, text: str, add_special: bool, images: list[bytes],
@@ -142,35 +179,100 @@ def _message_images(model: LoadedModel, name: str, messages: list[dict[str, Any]
     return image_input.tag_messages(messages, decoded)
 
 
+@dataclass
+class ChatPrompt:
+    """A chat's prompt: its text and ids, its image spans, and what was dropped to fit the window."""
+
+    text: str
+    ids: list[int]
+    embeds: list[EmbedSpan] | None = None
+    truncation: Truncation | None = None
+
+
 def _chat_prompt(model: LoadedModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 think: bool | str | None, window: int,
-                 images: list[bytes] = ()) -> tuple[str, list[int], list[EmbedSpan] | None]:
+                 think: bool | str | None, window: int, images: list[bytes] = (),
+                 fit: bool | None = None) -> ChatPrompt:
+    """The chat rendered and tokenized. `fit` None: as it is (counting); False: a ContextOverflow when it does not
+    fit the window; True: its oldest turns dropped until it does (overflow.fit_chat)."""
     if tools and not prompting.supports_tools(model):
         raise APIError(400, f"{prompting.full_name(model)} does not support tools")
     # a chat too long for the window stops rendering at the most a prompt that fits can hold (issue 27: 50,000
     # messages took 48 s of a worker before their 400)
     limit = prompt_size.char_limit(model, window, prompt_size.chat_chars(messages))
-    text, add_special = prompting.render_chat(model, messages, tools=tools, think=think, window=window,
-                                              max_chars=limit)
-    prompt_size.check_text(model, text, window, limit)
-    return (text, *_ids(model, text, add_special, list(images)))
+    images = list(images)
+
+    def measure(msgs: list[dict[str, Any]], per_image: int = IMAGE_TOKENS) -> tuple[str, list[int], int]:
+        text, add_special = prompting.render_chat(model, msgs, tools=tools, think=think, window=window,
+                                                  max_chars=limit)
+        prompt_size.check_text(model, text, window, limit)
+        extra = per_image * image_input.count_tags(text, len(images)) if images else 0
+        return text, prompting.encode(model, text, add_special=add_special), extra
+
+    def refuse(tokens: int, minimal: bool) -> ContextOverflow:
+        return overflow.refusal(model, window, tokens, minimal)
+
+    if fit is None:
+        text, ids, _ = measure(messages)
+        return ChatPrompt(text, *_ids(model, text, True, images)) if images else ChatPrompt(text, ids)
+    if not images:
+        fitted = overflow.fit_chat(messages, measure, window, fit, refuse)
+        return ChatPrompt(fitted.text, fitted.ids, None, fitted.truncation)
+    # with images the whole chat is built first (its images encoded, as when it fits), so their size is known
+    per_image, whole = IMAGE_TOKENS, None
+    try:
+        text, _, _ = measure(messages)
+        ids, embeds = _ids(model, text, True, images)
+        if len(ids) < window:
+            return ChatPrompt(text, ids, embeds)
+        whole = len(ids)
+        per_image = -(-sum(len(e.rows) for e in embeds or ()) // max(len(embeds or ()), 1))
+    except ContextOverflow:
+        if not fit:
+            raise
+    if not fit:
+        raise refuse(whole or 0, False)
+    fitted = overflow.fit_chat(messages, lambda m: measure(m, per_image), window, True, refuse)
+    ids, embeds = _ids(model, fitted.text, True, images)
+    if len(ids) >= window:
+        raise refuse(len(ids), True)
+    cut = fitted.truncation
+    if cut is not None and whole is not None:
+        cut.tokens, cut.approximate = whole - len(ids), False
+    return ChatPrompt(fitted.text, ids, embeds, cut)
 
 
 def chat(model: LoadedModel, req: ChatRequest, num_ctx: int | None) -> Prepared:
-    """/api/chat: the model's chat template over the request's messages and tools."""
+    """/api/chat: the model's chat template over the request's messages and tools; a chat too long for the window
+    loses its oldest turns (`truncate`, on by default)."""
     grammar = check_format(req.format)
     window = check_num_ctx(model, num_ctx)
     think = prompting.resolve_think(model, req.think)
     tools = req.tools or None
     msgs, images = _message_images(model, req.model, [m.as_template_dict() for m in req.messages or []],
                                    [m.images or [] for m in req.messages or []])
-    text, ids, embeds = _chat_prompt(model, msgs, tools, think, window, images)
+    truncate = req.truncate is not False
+    try:
+        cp = _chat_prompt(model, msgs, tools, think, window, images, fit=truncate)
+    except ContextOverflow as e:
+        raise e if truncate or e.minimal else e.with_hint(NOT_TRUNCATED) from None
     params = sampling_params(req.options, model.record.params)
-    prep = _finish(model, text, ids, params, window, think, tools, grammar)
-    prep.embeds = embeds
+    _ollama_shift(params, req.shift, window)
+    prep = _finish(model, cp.text, cp.ids, params, window, think, tools, grammar)
+    prep.embeds, prep.truncation = cp.embeds, cp.truncation
     prep.logprobs = ollama_logprobs(req)
     prep.priority = options_priority(req.options)
+    prep.progress = bool(req.return_progress)
     return prep
+
+
+def openai_truncation(value: Any, param: str = "truncation") -> bool:
+    """`truncation` (the Responses API's, also taken on chat and legacy completions): "auto" cuts a prompt too long
+    for the window, "disabled" (the default) refuses it with context_length_exceeded."""
+    if value in (None, "disabled"):
+        return False
+    if value == "auto":
+        return True
+    raise APIError(400, f"invalid truncation {value!r}: expected \"auto\" or \"disabled\"", param=param)
 
 
 def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedModel) -> SamplingParams:
@@ -222,38 +324,52 @@ def completion_logprobs(req: CompletionRequest) -> int | None:
 
 
 def chat_completion(model: LoadedModel, req: ChatCompletionRequest, messages: list[dict[str, Any]],
-                    think: bool | str | None) -> Prepared:
-    """/v1/chat/completions: `messages` already converted to the template's shape, `think` from reasoning_effort."""
+                    think: bool | str | None, what: str = "messages") -> Prepared:
+    """/v1/chat/completions: `messages` already converted to the template's shape, `think` from reasoning_effort.
+    A chat too long for the window is OpenAI's context_length_exceeded (`what`: the param it names), unless the
+    request asks for `truncation: "auto"`."""
     grammar = response_format_grammar(req.response_format)
     think = prompting.resolve_think(model, think)
     tools = req.tools or None
     window = check_num_ctx(model, None)
+    truncate = openai_truncation(req.truncation)
     given = [m.get("images") or [] for m in messages]
     messages = [{k: v for k, v in m.items() if k != "images"} for m in messages]
     messages, images = _message_images(model, req.model, messages, given)
-    text, ids, embeds = _chat_prompt(model, messages, tools, think, window, images)
-    prep = _finish(model, text, ids, openai_params(req, model), window, think, tools, grammar)
-    prep.embeds = embeds
+    try:
+        cp = _chat_prompt(model, messages, tools, think, window, images, fit=truncate)
+    except ContextOverflow as e:
+        raise e.as_openai(what, "" if truncate or e.minimal else OPENAI_HINT) from None
+    prep = _finish(model, cp.text, cp.ids, openai_params(req, model), window, think, tools, grammar)
+    prep.embeds, prep.truncation = cp.embeds, cp.truncation
     prep.logprobs, prep.n = chat_logprobs(req), openai_choices(req, model)
     prep.priority = request_priority(req.priority, param="priority")
+    prep.progress = bool(req.return_progress)
     return prep
 
 
 def completion(model: LoadedModel, req: CompletionRequest) -> Prepared:
-    """/v1/completions: the prompt as written (Ollama sends it raw), or the template when there is a suffix."""
+    """/v1/completions: the prompt as written (Ollama sends it raw), or the template when there is a suffix; too long
+    for the window: context_length_exceeded, or with `truncation: "auto"` its start and end (as /api/generate)."""
     window = check_num_ctx(model, None)
+    truncate = openai_truncation(req.truncation)
     limit = prompt_size.char_limit(model, window, len(req.prompt) + len(req.suffix or ""))
-    if req.suffix:
-        text, add = prompting.render_generate(model, req.prompt, system=None, suffix=req.suffix, template=None,
-                                              think=None, window=window, max_chars=limit)
-    else:
-        text, add = req.prompt, True
-    prompt_size.check_text(model, text, window, limit)
-    ids = prompting.encode(model, text, add_special=add)
-    prep = _finish(model, text, ids, openai_params(req, model), window,
-                   grammar=response_format_grammar(req.response_format))
+    params = openai_params(req, model)
+    try:
+        if req.suffix:
+            text, add = prompting.render_generate(model, req.prompt, system=None, suffix=req.suffix, template=None,
+                                                  think=None, window=window, max_chars=None if truncate else limit)
+        else:
+            text, add = req.prompt, True
+        ids, cut = overflow.fit_prompt(model, text, add, [], window, limit, params.num_keep, truncate)
+    except ContextOverflow as e:
+        raise e.as_openai("prompt", "" if truncate else OPENAI_PROMPT_HINT) from None
+    prep = _finish(model, text, ids, params, window, grammar=response_format_grammar(req.response_format))
+    prep.truncation = cut
+    prep.params.preserved_tokens = {}  # no reply parser here: structure tokens stay hidden, as with llama-server
     prep.logprobs, prep.n = completion_logprobs(req), openai_choices(req, model)
     prep.priority = request_priority(req.priority, param="priority")
+    prep.progress = bool(req.return_progress)
     return prep
 
 

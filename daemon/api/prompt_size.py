@@ -51,11 +51,59 @@ def char_limit(model: LoadedModel, window: int, input_chars: int) -> int | None:
     return None if n is None else window * n
 
 
-def too_long(model: LoadedModel, window: int, limit: int) -> APIError:
-    return APIError(400, f"the prompt is longer than the context length of model '{model.name}' ({window} tokens) "
-                         f"can hold: over {limit} characters, and no token of its vocabulary is longer than "
-                         f"{limit // window} bytes; shorten the prompt or raise num_ctx (up to "
-                         f"{model.trained_context})")
+class ContextOverflow(APIError):
+    """A prompt that does not fit its window, with the numbers; each API words it its own way (`as_openai`,
+    `as_anthropic`). `tokens` is None where the prompt was refused by its size in characters (`chars`), before
+    tokenizing. `minimal`: even the least a chat can be cut to (its system messages and latest message) is too long."""
+
+    def __init__(self, model: str, window: int, trained: int, tokens: int | None, *, chars: int | None = None,
+                 minimal: bool = False, hint: str = "") -> None:
+        self.model, self.window, self.trained, self.tokens = model, window, trained, tokens
+        self.chars, self.minimal, self.hint = chars, minimal, hint
+        super().__init__(400, self._ollama())
+
+    def _ollama(self) -> str:
+        fix = f"shorten the prompt or raise num_ctx (up to {self.trained})"
+        if self.tokens is None:
+            per = self.chars // self.window if self.chars else 0
+            return (f"the prompt is longer than the context length of model '{self.model}' ({self.window} tokens) "
+                    f"can hold: over {self.chars} characters, and no token of its vocabulary is longer than {per} "
+                    f"bytes; {fix}{self.hint}")
+        kept = " with only its system messages and latest message kept (a message is never cut)" \
+            if self.minimal else ""
+        return (f"the prompt is {self.tokens} tokens{kept} but the context length of model '{self.model}' is "
+                f"{self.window} tokens (it must leave room for at least one generated token); {fix}{self.hint}")
+
+    def with_hint(self, hint: str) -> "ContextOverflow":
+        """The same refusal with `hint` after Ollama's wording."""
+        self.hint = hint
+        self.message = self._ollama()
+        self.args = (self.message,)
+        return self
+
+    def _count(self) -> str:
+        return f"{self.tokens} tokens" if self.tokens is not None else \
+            f"more than {self.window} tokens (over {self.chars} characters)"
+
+    def as_openai(self, what: str = "messages", hint: str = "") -> APIError:
+        """OpenAI's context_length_exceeded (chat: what = "messages"; completions: "prompt"; responses: "input")."""
+        if what == "input":
+            msg = (f"Your input exceeds the context window of this model: {self._count()}, and the context window "
+                   f"is {self.window} tokens. Please adjust your input and try again.")
+        else:
+            some = "even its latest message with the system messages" if self.minimal else f"your {what}"
+            msg = (f"This model's maximum context length is {self.window} tokens. However, {some} resulted in "
+                   f"{self._count()}. Please reduce the length of the {what}.")
+        return APIError(400, msg + hint, param=what, code="context_length_exceeded")
+
+    def as_anthropic(self) -> APIError:
+        """Anthropic's wording (Claude Code compacts its conversation on seeing it)."""
+        n = self.tokens if self.tokens is not None else f"more than {self.window}"
+        return APIError(400, f"prompt is too long: {n} tokens > {self.window} maximum")
+
+
+def too_long(model: LoadedModel, window: int, limit: int) -> ContextOverflow:
+    return ContextOverflow(model.name, window, model.trained_context, None, chars=limit)
 
 
 def check_text(model: LoadedModel, text: str, window: int, limit: int | None) -> None:

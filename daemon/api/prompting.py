@@ -3,10 +3,12 @@ with the model's special tokens, tokenizing. The API's way into `daemon/prompt/t
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from .. import cancel
 from ..manager import LoadedModel
+from ..prompt import formats
 from ..prompt import templates as tpl
 from ..store.names import parse_name
 from . import prompt_size
@@ -27,23 +29,35 @@ def full_name(model: LoadedModel) -> str:
         return model.name
 
 
+def architecture(model: LoadedModel) -> str | None:
+    """The model's `general.architecture` (its family's reply format may follow from it: gpt-oss)."""
+    info = getattr(model.runner, "info", None)
+    return formats.family_architecture(getattr(info, "architecture", None), getattr(info, "metadata", None)) or None
+
+
 def capabilities(model: LoadedModel) -> list[str]:
-    return tpl.template_capabilities(template_of(model))
+    return tpl.template_capabilities(template_of(model), architecture(model))
 
 
 def supports_tools(model: LoadedModel) -> bool:
-    t = template_of(model)
-    return "tools" in tpl.template_capabilities(t) and tpl.tool_format_for(t) is not None
+    """A template that renders tools takes them; a reply in a format we do not know comes back as content."""
+    return "tools" in capabilities(model)
 
 
 def thinking_tags(model: LoadedModel) -> tuple[str, str] | None:
     """The model's (open, close) reasoning markers, None where its template teaches none."""
-    return tpl.thinking_tags(template_of(model))
+    return tpl.thinking_tags(template_of(model), architecture(model))
+
+
+def always_thinks(model: LoadedModel) -> bool:
+    """Whether the model's replies hold thinking whatever the request asks (gpt-oss, Apriel)."""
+    fmt = formats.detect(template_of(model), architecture(model))
+    return fmt is not None and (fmt.harmony or fmt.think_implicit)
 
 
 def resolve_think(model: LoadedModel, think: bool | str | None) -> bool | str | None:
     """None/False: no thinking; a thinking-capable model defaults to on (as Ollama); 400 where unsupported."""
-    capable = tpl.thinking_tags(template_of(model)) is not None
+    capable = thinking_tags(model) is not None
     if isinstance(think, str) and think not in ("low", "medium", "high", "max"):
         raise APIError(400, f"invalid think value {think!r}: expected true, false, \"low\", \"medium\", \"high\" or \"max\"")
     if think is None:
@@ -51,6 +65,45 @@ def resolve_think(model: LoadedModel, think: bool | str | None) -> bool | str | 
     if think and not capable:
         raise APIError(400, f'"{model.name}" does not support thinking')
     return think if capable else None
+
+
+_preserved: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], dict[int, bytes]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def preserved_tokens(model: LoadedModel) -> dict[int, bytes]:
+    """The special tokens that carry the model's reply structure (harmony's `<|channel|>`, Kimi's section
+    markers...), id -> their text: the engine emits that text, which the detokenizer would otherwise hide, so the
+    reply parser sees them. Cached per tokenizer, template and architecture."""
+    template, arch = template_of(model) or "", architecture(model)
+    tok = model.runner.tokenizer
+    try:
+        per_tok = _preserved.setdefault(tok, {})
+    except TypeError:  # not weak-referenceable: compute each time
+        per_tok = {}
+    key = (template, arch)
+    if key not in per_tok:
+        fmt = formats.detect(template, arch)
+        if len(per_tok) > 16:
+            per_tok.clear()
+        per_tok[key] = structure_tokens(tok, fmt.markers() if fmt else formats.THINK)
+    return per_tok[key]
+
+
+def structure_tokens(tok: Any, markers: tuple[str, ...]) -> dict[int, bytes]:
+    """Of `markers`, those that are one special token whose text the tokenizer hides: id -> text. A marker the
+    vocabulary spells as plain text needs nothing, and an end-of-generation token ends the reply instead
+    (the parser takes the end of the output as its end: gpt-oss's `<|call|>`)."""
+    found: dict[int, bytes] = {}
+    for marker in markers:
+        try:
+            ids = tok.encode(marker, add_special=False, parse_special=True)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot encode it has no such token
+            continue
+        text = marker.encode("utf-8")
+        if len(ids) == 1 and ids[0] not in tok.eos_ids and tok.token_bytes(ids[0]) != text:
+            found[ids[0]] = text
+    return found
 
 
 def _special_text(model: LoadedModel, token_id: int | None) -> str:
@@ -92,8 +145,8 @@ def render_chat(model: LoadedModel, messages: list[dict[str, Any]], *, tools: li
                                      model_messages=model.record.messages)
     budget = _budget(max_chars)
     try:
-        text = tpl.render_messages(template_of(model), msgs, tools=tools, bos_token=_bos_text(model), eos_token=_eos_text(model),
-                                   think=think, budget=budget)
+        text = tpl.render_messages(template_of(model), msgs, tools=tools, bos_token=_bos_text(model),
+                                   eos_token=_eos_text(model), think=think, budget=budget, arch=architecture(model))
     except tpl.TemplateCancelled:
         raise
     except tpl.TemplateError as e:
@@ -111,7 +164,7 @@ def render_generate(model: LoadedModel, prompt: str, *, system: str | None, suff
         text = tpl.render_generate(template or template_of(model), prompt, system=system,
                                    model_system=model.record.system, model_messages=model.record.messages,
                                    suffix=suffix or None, bos_token=_bos_text(model), eos_token=_eos_text(model),
-                                   think=think, budget=budget)
+                                   think=think, budget=budget, arch=architecture(model))
     except tpl.TemplateCancelled:
         raise
     except tpl.SuffixNotSupported:

@@ -61,9 +61,6 @@ def _refuse_stateful(req: ResponsesRequest) -> None:
         raise _bad("top_logprobs is not supported on /v1/responses (use /v1/chat/completions)", "top_logprobs")
     if req.include and "message.output_text.logprobs" in req.include:
         raise _bad("include 'message.output_text.logprobs' is not supported (use /v1/chat/completions)", "include")
-    if req.truncation not in (None, "disabled"):
-        raise _bad(f"truncation {req.truncation!r} is not supported: only \"disabled\" (a conversation too long "
-                   f"for the model's window is a 400)", "truncation")
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise _bad(f"max_output_tokens must be >= 1, got {req.max_output_tokens}", "max_output_tokens")
 
@@ -256,7 +253,9 @@ def translate(req: ResponsesRequest) -> ResponsesCall:
     body = {"model": req.model, "messages": messages(req), "stream": bool(req.stream),
             "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
             "seed": req.seed, "ignore_eos": req.ignore_eos, "tools": None if choice == "none" else fns, "tool_choice": choice,
-            "reasoning_effort": effort(req), "response_format": response_format(req)}
+            "reasoning_effort": effort(req), "response_format": response_format(req),
+            "truncation": "auto" if prepare.openai_truncation(req.truncation) else None,
+            "return_progress": req.return_progress}
     try:
         chat = ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
@@ -274,7 +273,7 @@ def _plan(call: ResponsesCall) -> Plan:
 
 def _prepare(model: LoadedModel, call: ResponsesCall, msgs: list[dict[str, Any]],
              think: bool | str | None) -> Prepared:
-    return prepare.chat_completion(model, call.chat, msgs, think)
+    return prepare.chat_completion(model, call.chat, msgs, think, what="input")
 
 
 RESPONSES = Generate("/v1/responses", _plan, _prepare, ResponsesReply, RESPONSES_SSE)

@@ -56,7 +56,7 @@ def settings_echo(body: ResponsesRequest) -> dict[str, Any]:
             "top_p": 1.0 if body.top_p is None else body.top_p, "max_output_tokens": body.max_output_tokens,
             "max_tool_calls": None, "previous_response_id": None,
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-            "text": text, "truncation": "disabled", "store": False, "background": False,
+            "text": text, "truncation": body.truncation or "disabled", "store": False, "background": False,
             "metadata": body.metadata or {}, "user": body.user, "service_tier": "default", "top_logprobs": 0}
 
 
@@ -160,15 +160,21 @@ class ResponseBuilder:
         item.update(arguments=arguments, status="completed")
         return events + [self._event("response.output_item.done", output_index=index, item=dict(item))]
 
-    def finish(self, done_reason: str | None, use: dict[str, Any]) -> list[dict[str, Any]]:
+    def progress(self, report: dict[str, Any]) -> dict[str, Any]:
+        """A prompt progress report (the request asked: return_progress) as a response.in_progress event."""
+        return {**self._event("response.in_progress", response=self.response("in_progress")),
+                "prompt_progress": report}
+
+    def finish(self, done_reason: str | None, use: dict[str, Any],
+               truncated: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Close the last item and end the response: cut short by the token limit (or the window) it is
-        `incomplete` with reason max_output_tokens."""
+        `incomplete` with reason max_output_tokens. `truncated`: evenflow's report of what the input lost."""
         events: list[dict[str, Any]] = []
         cut = done_reason == "length"
         if not cut and not any(i["type"] in ("message", "function_call") for i in self.items):
             events += self._close() + self._start("message")  # an empty answer is still a message
         events += self._close("incomplete" if cut else "completed")
-        done = {"completed_at": int(time.time()), "usage": use}
+        done = {"completed_at": int(time.time()), "usage": use, **({"truncated": truncated} if truncated else {})}
         if cut:
             return events + [self._event("response.incomplete", response=self.response(
                 "incomplete", incomplete_details={"reason": "max_output_tokens"}, **done))]
@@ -185,7 +191,7 @@ class ResponsesReply:
     calls), as one response object or its events."""
 
     def __init__(self, call: Any, model: LoadedModel, prep: Prepared) -> None:
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools)
+        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
         self.tokenizer = model.runner.tokenizer
         self.builder = ResponseBuilder(call.body)
 
@@ -199,7 +205,7 @@ class ResponsesReply:
     def whole(self, gens: list[Generation]) -> dict[str, Any]:
         g = gens[0]
         self.builder.feed(*self.parser.parse_all(g.text))
-        return self.builder.finish(g.done_reason, self._usage(g.metrics))[-1]["response"]
+        return self.builder.finish(g.done_reason, self._usage(g.metrics), g.truncated)[-1]["response"]
 
     async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
         b = self.builder
@@ -207,10 +213,13 @@ class ResponsesReply:
             yield event
         try:
             async for p in pieces:
+                if p.progress is not None:
+                    yield b.progress(p.progress)
+                    continue
                 for event in b.feed(*self.parser.feed(p.text, p.final is not None)):
                     yield event
                 if p.final is not None:
-                    for event in b.finish(p.final["done_reason"], self._usage(p.final)):
+                    for event in b.finish(p.final["done_reason"], self._usage(p.final), p.truncated):
                         yield event
         except APIError as e:
             for event in b.fail(e.message):

@@ -69,6 +69,7 @@ class _Common(_Req):
     shift: Optional[StrictBool] = None
     logprobs: Optional[StrictBool] = None
     top_logprobs: Optional[StrictInt] = None
+    return_progress: Optional[StrictBool] = None  # evenflow's: prompt progress lines in the stream (llama-server's name)
 
 
 class GenerateRequest(_Common):
@@ -169,6 +170,8 @@ class _OAICommon(_Req):
     top_logprobs: Optional[StrictInt] = None
     ignore_eos: Optional[StrictBool] = None  # vLLM's and llama-server's extension
     priority: Any = None  # vLLM's extension: lower is scheduled sooner (prepare.request_priority)
+    truncation: Any = None  # the Responses API's "auto" | "disabled": a prompt too long for the window is cut or a 400
+    return_progress: Optional[StrictBool] = None  # llama-server's: prompt_progress chunks while the prompt goes in
 
 
 class OAIFunctionCall(_Req):
@@ -235,5 +238,6 @@ class ResponsesRequest(_Req):
     include: Optional[list[StrictStr]] = None
     truncation: Optional[StrictStr] = None
     top_logprobs: Optional[StrictInt] = None
+    return_progress: Optional[StrictBool] = None  # as on /v1/chat/completions: response.in_progress with progress
     metadata: Optional[dict[StrictStr, StrictStr]] = None
     user: Optional[StrictStr] = None

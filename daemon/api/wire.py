@@ -53,8 +53,9 @@ class ClosingStreamingResponse(StreamingResponse):
     streams from does not depend on whether the server and starlette ever get to start the body (a body
     cancelled before its first step runs no `finally`)."""
 
-    def __init__(self, content: AsyncIterator[bytes], close: Callable[[], Any], media_type: str) -> None:
-        super().__init__(content, media_type=media_type)
+    def __init__(self, content: AsyncIterator[bytes], close: Callable[[], Any], media_type: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
         self.on_close = close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -66,8 +67,10 @@ class ClosingStreamingResponse(StreamingResponse):
                 await closing
 
 
-def streamed(wire: Wire, objs: AsyncIterator[dict[str, Any]], close: Callable[[], Any]) -> ClosingStreamingResponse:
-    """`objs` framed as `wire`; an APIError after the first byte becomes the wire's error, then its end."""
+def streamed(wire: Wire, objs: AsyncIterator[dict[str, Any]], close: Callable[[], Any],
+             headers: dict[str, str] | None = None) -> ClosingStreamingResponse:
+    """`objs` framed as `wire` (with `headers`); an APIError after the first byte becomes the wire's error, then its
+    end."""
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -78,4 +81,4 @@ def streamed(wire: Wire, objs: AsyncIterator[dict[str, Any]], close: Callable[[]
         if wire.end:
             yield wire.end
 
-    return ClosingStreamingResponse(body(), close, wire.media_type)
+    return ClosingStreamingResponse(body(), close, wire.media_type, headers)

@@ -27,6 +27,7 @@ from .kv import BlockManager, blocks_for
 from .kv_disk import DiskKVCache
 from .logprobs import MAX_TOP_LOGPROBS, TokenLogprob, log_softmax, token_logprob
 from .params import SamplingParams
+from .progress import PromptProgress
 from .sampling import RequestRng, penalty_window, sample_batch
 from .scheduler import Scheduler, SchedulerConfig, StepPlan
 from .sequence import Delta, RequestStream, Sequence
@@ -95,6 +96,7 @@ class Engine:
         self._cv = threading.Condition()
         self._subscribers: list[Callable[[dict], None]] = []
         self._published_wait: dict[int, tuple[int, str]] = {}  # the last (position, reason) told per sequence
+        self.progress = PromptProgress()  # prompt progress for the requests that asked for it
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
@@ -109,17 +111,18 @@ class Engine:
     def submit(self, prompt_ids: list[int], params: SamplingParams, *, user: dict | None = None,
                loop: asyncio.AbstractEventLoop | None | str = "auto",
                constraint: Constraint | None = None, logprobs: int | None = None, priority: int = 0,
-               embeds: list[EmbedSpan] | None = None) -> RequestStream:
+               embeds: list[EmbedSpan] | None = None, progress: bool = False) -> RequestStream:
         """`constraint`: from `self.grammars.compile(...)`, owned by this sequence from now on. `logprobs`:
         None, or report each token's log-probability with that many top alternatives (0..20). `priority`: lower
-        is scheduled sooner (0 normal; see scheduler.py for how it orders prompts)."""
+        is scheduled sooner (0 normal; see scheduler.py for how it orders prompts). `progress`: the stream also
+        gets prompt progress reports (Delta.progress) until the prompt is computed (engine/progress.py)."""
         return self.submit_group(prompt_ids, [params], user=user, loop=loop, constraint=constraint,
-                                 logprobs=logprobs, priority=priority, embeds=embeds)[0]
+                                 logprobs=logprobs, priority=priority, embeds=embeds, progress=progress)[0]
 
     def submit_group(self, prompt_ids: list[int], params: list[SamplingParams], *, user: dict | None = None,
                      loop: asyncio.AbstractEventLoop | None | str = "auto", constraint: Constraint | None = None,
                      logprobs: int | None = None, priority: int = 0,
-                     embeds: list[EmbedSpan] | None = None) -> list[RequestStream]:
+                     embeds: list[EmbedSpan] | None = None, progress: bool = False) -> list[RequestStream]:
         """One sequence per `params` over the same prompt (n > 1). With prefix caching the first computes the
         prompt and the others are admitted once it has, sharing its KV blocks; each gets its own fork of
         `constraint`."""
@@ -155,6 +158,7 @@ class Engine:
             seq = Sequence(prompt_ids, p, self.context_length, user=user, priority=priority, embeds=embeds)
             seq.stream = RequestStream(seq.seq_id, loop)  # type: ignore[arg-type]
             c = constraint if i == 0 or constraint is None else constraint.fork()
+            seq.report_progress = progress and i == 0  # the others share the first one's prompt
             group.append((seq, c))
         hit = None
         if self.disk is not None:
@@ -300,6 +304,7 @@ class Engine:
                 if i == 0 or not self.blocks.prefix_caching:
                     self.scheduler.add(seq)
                 self._publish_request(seq, "queued", priority=seq.priority)
+                self.progress.add(seq)
             if len(group) > 1 and self.blocks.prefix_caching:
                 # the rest wait until the first has computed the prompt, then reuse its cached blocks
                 self._held[group[0][0].seq_id] = [seq for seq, _ in group[1:]]
@@ -363,6 +368,8 @@ class Engine:
             self.blocks.commit(span.seq)
             if self._held and span.seq.num_computed >= len(span.seq.prompt_ids):
                 self._release_held(span.seq)
+        if self.progress:
+            self.progress.after_step(plan)  # before the first token a prompt's last chunk samples
         sampled = [s for s in plan.spans if s.need_logits]
         if sampled:
             seqs = [s.seq for s in sampled]
@@ -421,7 +428,7 @@ class Engine:
             self._finish(seq, "stop")
             return
         seq.output_ids.append(tok)
-        text = st.detok.add(self.runner.tokenizer.token_bytes(tok))
+        text = st.detok.add(seq.params.preserved_tokens.get(tok) or self.runner.tokenizer.token_bytes(tok))
         if c is not None and not was_active:
             c.observe_text(text)
         lps = None if lp is None else [lp]
@@ -434,9 +441,33 @@ class Engine:
         if self._subscribers:
             self._publish_request(seq, "token", text=text)
         p = seq.params
-        out = len(seq.output_ids)
-        if (p.num_predict >= 0 and out >= p.num_predict) or seq.num_tokens >= seq.max_tokens:
+        if p.num_predict >= 0 and seq.num_generated >= p.num_predict:
             self._finish(seq, "length")
+        elif seq.num_tokens >= seq.max_tokens:
+            if p.shift and p.num_predict != -2 and not seq.embeds:  # -2: "until the context is full"
+                self._shift(seq)
+            else:
+                self._finish(seq, "length")
+
+    def _shift(self, seq: Sequence) -> None:
+        """Ollama's context shift (`shift`, on by default on its API): the window is full, so the tokens after the
+        first num_keep (and BOS) lose half the window and generation goes on. llama.cpp moves the cached K in place;
+        here the kept tokens are recomputed, as after a preemption (torch and MLX cache K with its position applied),
+        so this stream pauses for one prefill of about half the window while the others go on."""
+        p = seq.params
+        keep = seq.metrics.prompt_eval_count if p.num_keep < 0 else p.num_keep
+        if seq.prompt_ids[:1] == [self.runner.tokenizer.bos_id]:
+            keep += 1  # as Ollama and llama-server count num_keep: after BOS
+        dropped = seq.shift(keep)
+        del seq.block_keys[keep // self.block_size:]  # the memo of keys past the kept start no longer holds
+        seq.metrics.shifts += 1
+        seq.metrics.shifted_tokens += dropped
+        self.scheduler.preempt(seq)  # its KV is freed; it is readmitted and recomputes the kept tokens
+        log.warning("request %d (%s %s): its context of %d tokens is full; dropped %d tokens after the first %d "
+                    "and recomputing the rest (a context shift; `shift: false` stops with done_reason length)",
+                    seq.seq_id, seq.user.get("endpoint", ""), seq.user.get("model", self.name), seq.max_tokens,
+                    dropped, min(keep, seq.max_tokens - 1))
+        self._publish_request(seq, "shifted", tokens=dropped, keep=min(keep, seq.max_tokens - 1))
 
     def _send(self, seq: Sequence, delta: Delta) -> None:
         if seq.stream is not None:
@@ -463,6 +494,7 @@ class Engine:
             log.warning("request %d (%s %s) failed: %s", seq.seq_id, seq.user.get("endpoint", ""),
                         seq.user.get("model", self.name), error)
         self._published_wait.pop(seq.seq_id, None)
+        self.progress.forget(seq.seq_id)
         self._send(seq, Delta(tail, [], done=True, done_reason=reason, error=error, metrics=m))
         self._publish_request(seq, "finished", done_reason=reason, text=tail)
 
@@ -536,5 +568,5 @@ class Engine:
         if not self._subscribers:
             return
         self._emit({"type": "request", "event": event, "time": time.time(), "model": self.name,
-                    "seq_id": seq.seq_id, "user": seq.user, "prompt_tokens": len(seq.prompt_ids),
-                    "output_tokens": len(seq.output_ids), **extra})
+                    "seq_id": seq.seq_id, "user": seq.user, "prompt_tokens": seq.metrics.prompt_eval_count,
+                    "output_tokens": seq.num_generated, **extra})

@@ -4,7 +4,8 @@ Automatic prefix caching (as in vLLM and nano-vllm): a block full of computed to
 (its parent's key, its token ids), so equal prefixes have equal keys. Blocks are reference counted; a block
 nobody holds keeps its contents and key on an LRU list until it is handed out again, so a finished
 conversation stays cached while memory allows. Only full blocks are shared and a sequence only ever writes
-past its cached prefix, so a shared block is never written.
+past its cached prefix, so a shared block is never written (but by a recurrent model's sequence resuming short of
+its hit, which computes the rest again into cells of its own: llama.cpp's are per sequence).
 """
 from __future__ import annotations
 

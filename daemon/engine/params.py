@@ -11,11 +11,11 @@ log = logging.getLogger(__name__)
 # Ollama's api.DefaultOptions() for the sampling keys (repeat_penalty is 1.0 since v0.32.10).
 MIN_SAMPLING_TEMPERATURE = 1e-6
 _FLOAT_KEYS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
-_INT_KEYS = ("top_k", "repeat_last_n", "seed", "num_predict")
+_INT_KEYS = ("top_k", "repeat_last_n", "seed", "num_predict", "num_keep")
 # Accepted and ignored, as Ollama does (runner options and removed knobs).
 IGNORED_OPTIONS = frozenset(
     {
-        "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "num_keep", "draft_num_predict",
+        "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "draft_num_predict",
         "mirostat", "mirostat_tau", "mirostat_eta", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
         "penalize_newline", "numa", "tfs_z", "embedding_only",
         "priority",  # scheduling, not sampling: read by the API layer (daemon/api/prepare.py)
@@ -42,6 +42,11 @@ class SamplingParams:
     num_predict: int = -1  # -1 = until a stop condition, -2 = until the context is full
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # an extension (llama-server, vLLM): end-of-generation tokens are never sampled
+    num_keep: int = 4  # tokens (after BOS) a context shift keeps at the start; -1 = the whole prompt (Ollama's)
+    shift: bool = False  # the window full: drop its middle and go on (Ollama's `shift`), else stop with "length"
+    # Not an option: special tokens whose text is part of the output (id -> bytes), the markers of the model's
+    # reply format that the reply parser reads (harmony's <|channel|>); every other special token stays hidden.
+    preserved_tokens: dict[int, bytes] = field(default_factory=dict, metadata={"option": False})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -73,8 +78,11 @@ class SamplingParams:
             raise InvalidParams(f"option 'repeat_last_n' must be >= -1, got {self.repeat_last_n}")
         if self.num_predict < -2:
             raise InvalidParams(f"option 'num_predict' must be -1, -2 or >= 0, got {self.num_predict}")
-        if not isinstance(self.ignore_eos, bool):
-            raise InvalidParams(f"option 'ignore_eos' must be a boolean, got {self.ignore_eos!r}")
+        if self.num_keep < -1:
+            raise InvalidParams(f"option 'num_keep' must be -1 (the whole prompt) or >= 0, got {self.num_keep}")
+        if not isinstance(self.ignore_eos, bool) or not isinstance(self.shift, bool):
+            bad = "ignore_eos" if not isinstance(self.ignore_eos, bool) else "shift"
+            raise InvalidParams(f"option {bad!r} must be a boolean, got {getattr(self, bad)!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
@@ -90,7 +98,8 @@ class SamplingParams:
     def from_options(cls, options: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> "SamplingParams":
         """Ollama precedence: built-in defaults < `defaults` (model PARAMETERs) < request `options`."""
         merged: dict[str, Any] = {}
-        known = {f.name for f in fields(cls)}
+        # `shift` is a request field (Ollama's), `preserved_tokens` the reply format's: neither is an option
+        known = {f.name for f in fields(cls) if f.metadata.get("option", True)} - {"shift"}
         for layer in (defaults or {}, options or {}):
             if not isinstance(layer, dict):
                 raise InvalidParams(f"options must be an object, got {type(layer).__name__}")

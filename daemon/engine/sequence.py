@@ -33,6 +33,8 @@ class RequestMetrics:
     queue_ns: int = 0  # arrival -> first scheduled
     preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at (first) admission
+    shifts: int = 0  # context shifts: the window filled during generation and its middle was dropped
+    shifted_tokens: int = 0  # tokens those shifts dropped
 
     def as_ollama(self) -> dict[str, int]:
         return {
@@ -56,6 +58,7 @@ class Delta:
     error: str | None = None
     metrics: RequestMetrics | None = None
     logprobs: list[Any] | None = None  # logprobs.TokenLogprob per token_ids entry, when the request asked
+    progress: dict[str, Any] | None = None  # a prompt progress report (no text), for requests that asked for them
 
 
 _ids = itertools.count(1)
@@ -108,6 +111,7 @@ class Sequence:
         self.prompt_ids = list(prompt_ids)
         self.embeds = list(embeds or [])  # backends.base.EmbedSpan: prompt spans given as embeddings (images)
         self.output_ids: list[int] = []
+        self.generated_before = 0  # output tokens generated before the last context shift (now in prompt_ids)
         self.params = params
         self.max_tokens = max_tokens  # context window: prompt + output may not exceed it
         self.stream = stream
@@ -120,6 +124,7 @@ class Sequence:
         self.num_registered = 0  # leading blocks of block_table already in the prefix cache
         self.finish_reason: str | None = None
         self.priority = priority  # lower runs sooner (vLLM's convention); 0 = normal
+        self.report_progress = False  # push prompt progress reports into `stream` (engine/progress.py)
         # prefill order (scheduler.py): the uncached prompt as estimated when it was queued, how many steps in a
         # row it has been passed over, and why it waits now ((position, reason) or None while it runs)
         self.uncached_estimate = len(self.prompt_ids)
@@ -134,6 +139,21 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_generated(self) -> int:
+        """Output tokens generated so far, across context shifts."""
+        return self.generated_before + len(self.output_ids)
+
+    def shift(self, keep: int) -> int:
+        """Ollama's context shift: of the known tokens after the first `keep`, drop half the window's worth; what is
+        left becomes the prompt to recompute (the caller frees the KV). Returns the tokens dropped."""
+        keep = max(0, min(keep, self.max_tokens - 1))
+        discard = max((self.max_tokens - keep) // 2, 1)
+        kept = self.tokens(0, keep) + self.tokens(keep + discard, self.num_tokens)
+        self.generated_before += len(self.output_ids)
+        self.prompt_ids, self.output_ids = kept, []
+        return discard
 
     def tokens(self, start: int, end: int) -> list[int]:
         """Known tokens [start, end) without concatenating the whole history (this runs every step)."""

@@ -30,12 +30,14 @@ from .gotemplate.ollama import DEFAULT_TEMPLATE, render_go_chat
 from .gotemplate.ollama import go_nodes as _go_nodes
 from .gotemplate.ollama import go_vars as _go_vars
 from .jinja_bounds import bounded_environment, printed_size, too_big
-from .tools import TOOL_CALL_PREFIX, TOOL_CALL_SUFFIX, extract_tool_calls, parse_tool_calls, tool_format_for
+from . import formats, harmony
+from .tools import extract_tool_calls, format_tool_calls, parse_tool_calls, tool_format_for
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_TEMPLATE", "MAX_OUTPUT", "Budget", "SuffixNotSupported", "TemplateBudgetExceeded", "TemplateCancelled", "TOOL_CALL_PREFIX", "TOOL_CALL_SUFFIX", "TemplateError", "check_template",
+    "DEFAULT_TEMPLATE", "MAX_OUTPUT", "Budget", "SuffixNotSupported", "TemplateBudgetExceeded", "TemplateCancelled",
+    "TemplateError", "check_template",
     "extract_tool_calls", "fold_system_into_user", "is_go_template", "parse_tool_calls", "prepare_chat_messages",
     "render_chat", "render_generate", "render_go_chat", "render_messages", "template_capabilities", "thinking_tags",
     "tool_format_for",
@@ -72,11 +74,11 @@ def check_template(template: str) -> None:
         _compile_jinja(template)
 
 
-def template_capabilities(template: str | None) -> list[str]:
+def template_capabilities(template: str | None, arch: str | None = None) -> list[str]:
     """Ollama capabilities a template enables: "tools", "insert" (suffix/FIM), "thinking"."""
     caps: list[str] = []
     if not template:
-        return caps
+        return ["thinking"] if thinking_tags(template, arch) else caps
     if is_go_template(template):
         try:
             names = _go_vars(template)
@@ -85,22 +87,31 @@ def template_capabilities(template: str | None) -> list[str]:
         for cap, var in (("tools", "tools"), ("insert", "suffix"), ("thinking", "think")):
             if var in names:
                 caps.append(cap)
+        if "thinking" not in caps and thinking_tags(template, arch):
+            caps.append("thinking")
         return caps
     if re.search(r"\btools\b", template):
         caps.append("tools")
-    if thinking_tags(template):
+    if thinking_tags(template, arch):
         caps.append("thinking")
     return caps
 
 
-def thinking_tags(template: str | None) -> tuple[str, str] | None:
-    """The (open, close) markers of reasoning text the template teaches, e.g. ("<think>", "</think>")."""
+def thinking_tags(template: str | None, arch: str | None = None) -> tuple[str, str] | None:
+    """The (open, close) markers of reasoning text the model writes, e.g. ("<think>", "</think>"); None when its
+    template (or, for gpt-oss, its architecture) teaches none."""
+    fmt = formats.detect(template, arch)
+    if fmt is not None and (fmt.harmony or fmt.think_implicit):
+        return fmt.think
     if not template:
         return None
-    if "<think>" in template or (is_go_template(template) and "think" in _safe_go_vars(template)):
-        return ("<think>", "</think>")
-    if "enable_thinking" in template and not is_go_template(template) and _switches_on_thinking(template):
-        return ("<think>", "</think>")
+    tags = fmt.think if fmt is not None and fmt.think else formats.THINK
+    if tags[0] in template or tags[1] in template:
+        return tags
+    if is_go_template(template):
+        return tags if "think" in _safe_go_vars(template) else None
+    if "enable_thinking" in template and _switches_on_thinking(template):
+        return tags
     return None
 
 
@@ -208,6 +219,8 @@ def _jinja_messages(messages: list[dict[str, Any]], strict_ids: bool) -> list[di
     for n, m in enumerate(messages):
         msg = {k: v for k, v in m.items() if v is not None}
         msg.setdefault("content", "")
+        if msg.get("thinking") and "reasoning_content" not in msg:
+            msg["reasoning_content"] = msg["thinking"]  # the name HF templates read (GLM, DeepSeek, Qwen3, Seed)
         if msg.get("tool_calls"):
             calls = []
             for i, call in enumerate(msg["tool_calls"]):
@@ -293,14 +306,24 @@ def _render_within(compiled: jinja2.Template, context: dict[str, Any], budget: B
 def render_messages(template: str | None, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True,
                     bos_token: str = "", eos_token: str = "", think: bool | str | None = None,
-                    budget: Budget | None = None, **extra: Any) -> str:
+                    budget: Budget | None = None, arch: str | None = None, **extra: Any) -> str:
     """/api/chat prompt: Go templates with Ollama semantics, Jinja templates with HF semantics; one render's
-    work is bounded by `budget` (TemplateBudgetExceeded beyond it)."""
+    work is bounded by `budget` (TemplateBudgetExceeded beyond it). `arch` (the model's architecture) tells
+    gpt-oss's harmony apart where the template does not."""
     budget = budget or Budget()
+    fmt = formats.detect(template, arch)
+    if fmt is not None and fmt.harmony:
+        effort = harmony.reasoning_effort(think)
+        think = effort or think  # a Go template's .ThinkLevel: "max" is "high" for gpt-oss
+        if effort and not is_go_template(template):
+            extra.setdefault("reasoning_effort", effort)
+        messages = harmony.prompt_messages(messages)
     if is_go_template(template):
         return render_go_chat(template, messages, tools=tools, think=think, budget=budget)
     if think is not None:
         extra.setdefault("enable_thinking", bool(think))  # Qwen3-style switch; other templates ignore it
+    if fmt is not None and fmt.tools and "tool_calls" not in (template or ""):
+        messages = _calls_in_content(messages, fmt.tools)
     kwargs = dict(tools=tools, add_generation_prompt=add_generation_prompt, bos_token=bos_token,
                   eos_token=eos_token, budget=budget, **extra)
     try:
@@ -313,6 +336,33 @@ def render_messages(template: str | None, messages: list[dict[str, Any]], *,
             raise
         log.info("template rejects the system role; folding the system prompt into the first user message")
         return render_chat(template or "", fold_system_into_user(messages), **kwargs)
+
+
+def _calls_in_content(messages: list[dict[str, Any]], syntax: str) -> list[dict[str, Any]]:
+    """For a template that never renders an assistant's tool_calls (LFM2's first one): the calls written into the
+    content the way the model writes them, so the model sees its own earlier calls."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            try:
+                text = format_tool_calls([{"function": _object_args(c.get("function") or {})}
+                                          for c in m["tool_calls"]], syntax)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                text = ""
+            m = {k: v for k, v in m.items() if k != "tool_calls"}
+            m["content"] = (m.get("content") or "") + text
+        out.append(m)
+    return out
+
+
+def _object_args(fn: dict[str, Any]) -> dict[str, Any]:
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            pass
+    return {**fn, "arguments": args}
 
 
 def fold_system_into_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -339,7 +389,7 @@ def prepare_chat_messages(messages: Iterable[dict[str, Any]], *, model_system: s
 def render_generate(template: str | None, prompt: str, *, system: str | None = None, model_system: str | None = None,
                     model_messages: Iterable[dict[str, Any]] = (), suffix: str | None = None,
                     images: int = 0, bos_token: str = "", eos_token: str = "", think: bool | str | None = None,
-                    has_context: bool = False, budget: Budget | None = None) -> str:
+                    has_context: bool = False, budget: Budget | None = None, arch: str | None = None) -> str:
     """/api/generate prompt (non-raw): system from the request else the model; suffix needs `.Suffix`; the
     render's work within `budget`."""
     go = is_go_template(template)
@@ -356,4 +406,5 @@ def render_generate(template: str | None, prompt: str, *, system: str | None = N
         msgs.extend(dict(m) for m in model_messages)
     content = "".join(f"[img-{i}] " for i in range(images)) + prompt
     msgs.append({"role": "user", "content": content})
-    return render_messages(template, msgs, bos_token=bos_token, eos_token=eos_token, think=think, budget=budget)
+    return render_messages(template, msgs, bos_token=bos_token, eos_token=eos_token, think=think, budget=budget,
+                           arch=arch)

@@ -355,6 +355,7 @@ class LlamaCppRunner(Runner):
             if not 0 <= s.slot < self.max_num_seqs or s.length < 1:
                 raise ValueError(f"bad span: slot {s.slot} (allowed [0, {self.max_num_seqs})), length {s.length} (>= 1)")
         if self.shared_kv:
+            self._cells.new_step()
             for s in spans:  # a fresh slot: clear it, and share its cached prefix from the sequence holding it
                 self._cells.begin(s.slot, s.start_pos, s.length, s.block_table)
             seqs = [s.slot for s in spans]

@@ -146,8 +146,9 @@ class BlockManager:
             del hit[n:]
         resume = len(hit)
         if hit and self.resumable is not None and (resume := self.resumable(hit)) < len(hit):
-            # The sequence holds the whole hit but computes it again from the checkpoint: recomputed into the same
-            # blocks (the runner's cells are its own per sequence), the chain stays one, and stays cached.
+            # The sequence holds the whole hit but computes it again from the checkpoint, into the same blocks (the
+            # runner's cells are its own per sequence): the chain stays one, and stays cached (a block the runner
+            # dropped meanwhile is cached again once recomputed: it is registered from the checkpoint on).
             self.rewind_tokens += (len(hit) - resume) * self.block_size
             log.info("seq %d: its recurrent state resumes after %d of the %d cached prefix blocks (the last checkpoint); "
                      "recomputing the other %d", seq.seq_id, resume, len(hit), len(hit) - resume)
@@ -158,7 +159,7 @@ class BlockManager:
             seq.block_table.append(b)
         n = resume * self.block_size
         seq.num_computed = n
-        seq.num_registered = len(seq.block_table)
+        seq.num_registered = resume
         return n
 
     def cached_prefix_tokens(self, seq: Sequence) -> int:

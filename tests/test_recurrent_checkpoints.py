@@ -172,3 +172,30 @@ def test_a_restored_prefix_resumes_from_a_saved_checkpoint(arch, synthetic_model
         same(got, want)
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_a_hit_shared_from_a_running_sequence_resumes_from_its_checkpoint(arch, synthetic_model):
+    """In the unified layout a hit's cells may come from a sequence still running, and llama.cpp then shares that
+    sequence's recurrent state too (at its own position): the new sequence must still load the checkpoint where its
+    hit ends (found by test_cache_model's state machine)."""
+    path = synthetic_model("tiny", arch, formats=("gguf",), gguf_dtype="f32", qk_std=0.3)["gguf"]
+    rng = random.Random(8)
+    doc = [rng.randrange(10, 1900) for _ in range(48)]
+    first, second = doc + [11], doc + [12]  # the second's hit: the document's 12 blocks, checkpointed at 48
+    r = llama_runner(path, "unified")
+    try:
+        cold = Engine(r, EngineConfig(max_num_batched_tokens=24, target_itl_ms=0, prefix_caching=False))
+        want = run(cold, second)
+        warm = Engine(r, EngineConfig(max_num_batched_tokens=24, target_itl_ms=0))
+        running = warm.submit(first, SamplingParams(temperature=0, num_predict=30), loop=None)
+        for _ in range(5):  # 0..24, 24..48, 48..49 and two decodes: the first is running, past the document
+            warm.run_once()
+        got = run(warm, second)
+        assert got[2] == 48
+        same(got, want)
+        while warm.run_once():
+            pass
+        assert list(running)[-1].done_reason == "length" and warm.stats().kv_blocks_used == 0
+    finally:
+        r.close()

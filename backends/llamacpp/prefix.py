@@ -74,6 +74,12 @@ class PrefixCells(BlockCells):
         self.num_slots, self._copy = num_slots, copy
         self._spare = list(range(num_slots + num_holders - 1, num_slots - 1, -1))
         self._holders: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
+        # slot -> first position it writes in this step: a block at or past it has no cells there yet (a recurrent
+        # model's sequence resuming short of its hit computes cached blocks again, and another may share them)
+        self._writing: dict[int, int] = {}
+
+    def new_step(self) -> None:
+        self._writing.clear()
 
     @property
     def num_holders(self) -> int:
@@ -92,6 +98,7 @@ class PrefixCells(BlockCells):
                 self._share(slot, table[: start_pos // self.block_size])
         # a caller without block tables (a test driving the runner directly) gets no prefix cache
         bs = self.block_size
+        self._writing[slot] = start_pos
         for i in range(len(known), min(-(-(start_pos + length) // bs), len(table))):
             self._add(slot, i, table[i])
 
@@ -99,8 +106,9 @@ class PrefixCells(BlockCells):
         """(sequence, first block, end block) runs a fresh sequence is given `blocks` from, in order."""
         src, run_start = None, 0
         runs: list[tuple[int, int, int]] = []
+        bs = self.block_size
         for i, b in enumerate(blocks):
-            holders = self._where.get(b)
+            holders = {s for s in self._where.get(b, ()) if self._writing.get(s, (i + 1) * bs) >= (i + 1) * bs}
             if not holders or self._index.get(b) != i:
                 raise RuntimeError(f"prefix block {b} (position {i * self.block_size}) is not held in the llama.cpp "
                                    "cache; the engine and the runner disagree")

@@ -43,6 +43,10 @@ class RecurrentStates:
         self._num_slots = num_slots
         self._points: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # block -> state; LRU first
         self._transient: dict[int, int] = {}  # slot -> block of its latest decode checkpoint
+        # llama.cpp sequence -> (slot, position) its recurrent state was left at by the last step. Where a new sequence's
+        # cells are shared from a live one (the unified layout), llama.cpp shares that one's state too: only this says
+        # whether a sequence continues its own.
+        self._at: dict[int, tuple[int, int]] = {}
         self.bytes = 0
         self.saved = self.loaded = self.evicted = 0
 
@@ -64,6 +68,7 @@ class RecurrentStates:
     def clear(self, seq: int) -> None:
         """Drop `seq`'s recurrent state, leaving its attention cells (which can then be cut)."""
         self.load(seq, self._empty)
+        self._at.pop(seq, None)
 
     # ---- checkpoints ----
     def checkpoint(self, slot: int, seq: int, block: int, decode: bool) -> None:
@@ -132,7 +137,7 @@ class RecurrentStates:
     def resume(self, mem, spans: list, seqs: list[int]) -> None:
         """Before a step: a span starting a sequence on a cached prefix gets the checkpoint where the prefix ends."""
         for s, seq in zip(spans, seqs):
-            if s.start_pos and L.llama_memory_seq_pos_max(mem, seq) + 1 != s.start_pos:
+            if s.start_pos and self._at.get(seq) != (s.slot, s.start_pos):
                 self.restore(seq, s.block_table[s.start_pos // self.block_size - 1])
                 if L.llama_memory_seq_pos_max(mem, seq) + 1 != s.start_pos:
                     raise RuntimeError(f"sequence {seq} holds {L.llama_memory_seq_pos_max(mem, seq) + 1} positions "
@@ -143,6 +148,7 @@ class RecurrentStates:
         bs = self.block_size
         for s, seq in zip(spans, seqs):
             end = s.start_pos + s.length
+            self._at[seq] = (s.slot, end)
             if end % bs == 0 and 0 < end // bs <= len(s.block_table):
                 self.checkpoint(s.slot, seq, s.block_table[end // bs - 1], decode=s.length == 1)
 
@@ -154,6 +160,7 @@ class RecurrentStates:
     def reset(self) -> None:
         self._points.clear()
         self._transient.clear()
+        self._at.clear()
         self.bytes = 0
 
 

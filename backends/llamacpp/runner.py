@@ -369,6 +369,7 @@ class LlamaCppRunner(Runner):
                 raise ValueError(f"bad span: slot {s.slot} (allowed [0, {self.max_num_seqs})), length {s.length} (>= 1)")
         fresh = [s.start_pos == 0 or not self._cells.is_live(s.slot) for s in spans]
         if self.shared_kv:
+            self._cells.new_step()
             for s in spans:  # a fresh slot: clear it, and share its cached prefix from the sequence holding it
                 self._cells.begin(s.slot, s.start_pos, s.length, s.block_table)
             seqs = [s.slot for s in spans]

@@ -59,8 +59,7 @@ class StreamCells(BlockCells):
             if parked:  # one holding the window before the hit, then the one whose takeover drops the fewest blocks
                 s = min(parked, key=lambda p: (self._lacks_window(p, len(hits[i])), len(self._tables[p])))
                 self._bind(spans[i][0], s)
-                # a recurrent model's hit resumed short of its cached blocks computes them again in this stream
-                self._truncate(s, len(hits[i]), keep=set(spans[i][3][len(hits[i]):]))
+                self._truncate(s, len(hits[i]))
             else:
                 later.append(i)
         for i in later:
@@ -163,9 +162,8 @@ class StreamCells(BlockCells):
         self._stream[slot], self._slot[stream] = stream, slot
         self._tables.setdefault(stream, [])
 
-    def _truncate(self, stream: int, n: int, keep: set[int] = frozenset()) -> None:
-        """Keep the stream's first n blocks; cells beyond go, blocks held nowhere else become uncached (but those in
-        `keep`, which the stream's new sequence computes again)."""
+    def _truncate(self, stream: int, n: int) -> None:
+        """Keep the stream's first n blocks; cells beyond go, blocks held nowhere else become uncached."""
         table = self._tables.setdefault(stream, [])
         for b in table[n:]:
             if b is None:
@@ -174,8 +172,7 @@ class StreamCells(BlockCells):
             holders.discard(stream)
             if not holders:
                 del self._where[b], self._index[b]
-                if b not in keep:
-                    self.uncached.append(b)
+                self.uncached.append(b)
         del table[n:]
         self._remove(stream, n * self.block_size, -1)
 

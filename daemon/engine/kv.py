@@ -5,7 +5,7 @@ Automatic prefix caching (as in vLLM and nano-vllm): a block full of computed to
 nobody holds keeps its contents and key on an LRU list until it is handed out again, so a finished
 conversation stays cached while memory allows. Only full blocks are shared and a sequence only ever writes
 past its cached prefix, so a shared block is never written (but by a recurrent model's sequence resuming short of
-its hit, which computes the rest again into cells of its own: llama.cpp's are per sequence).
+its hit with per-sequence KV, which computes the rest again into cells of its own).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True,
                  servable: Callable[[list[int]], int] | None = None,
-                 resumable: Callable[[list[int]], int] | None = None) -> None:
+                 resumable: Callable[[list[int]], int] | None = None, rewind_in_place: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -52,8 +52,11 @@ class BlockManager:
         self.servable = servable
         self.fallback_tokens = 0
         # A recurrent model resumes a hit only where the runner saved its state (Runner.resumable_prefix): the rest of
-        # the hit is recomputed (counted here) into the hit's own blocks, which stay cached.
+        # the hit is recomputed (counted here). `rewind_in_place`: into the hit's own blocks, which stay cached and
+        # keep the chain whole (per-sequence KV: the recomputed cells are the sequence's own); else into new blocks
+        # (a shared KV pool: cells computed again are cells the pool must count).
         self.resumable = resumable
+        self.rewind_in_place = rewind_in_place
         self.rewind_tokens = 0
 
     @property
@@ -146,11 +149,14 @@ class BlockManager:
             del hit[n:]
         resume = len(hit)
         if hit and self.resumable is not None and (resume := self.resumable(hit)) < len(hit):
-            # The sequence holds the whole hit but computes it again from the checkpoint: recomputed into the same
-            # blocks (the runner's cells are its own per sequence), the chain stays one, and stays cached.
+            # In place, the sequence holds the whole hit but computes it again from the checkpoint: the chain stays
+            # one, and stays cached (a block the runner dropped meanwhile is cached again once recomputed: it is
+            # registered from the checkpoint on).
             self.rewind_tokens += (len(hit) - resume) * self.block_size
             log.info("seq %d: its recurrent state resumes after %d of the %d cached prefix blocks (the last checkpoint); "
                      "recomputing the other %d", seq.seq_id, resume, len(hit), len(hit) - resume)
+            if not self.rewind_in_place:
+                del hit[resume:]
         for b in hit:
             if self._ref[b] == 0:
                 del self._lru[b]
@@ -158,7 +164,7 @@ class BlockManager:
             seq.block_table.append(b)
         n = resume * self.block_size
         seq.num_computed = n
-        seq.num_registered = len(seq.block_table)
+        seq.num_registered = resume
         return n
 
     def cached_prefix_tokens(self, seq: Sequence) -> int:

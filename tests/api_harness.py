@@ -66,6 +66,15 @@ def upload_model(url: str, gguf: Path, name: str, headers: dict[str, str] | None
         assert r.status_code == 200, r.text
 
 
+def add_model(daemon: Daemon, gguf: Path, name: str) -> None:
+    """Create `name` from a local GGUF through the in-process daemon's store (a copy, no 100 MB HTTP upload), then
+    /api/create as a client would."""
+    digest = daemon.ctx.store.store.add_blob_file(gguf)  # ctx.store is the API's adapter around the ModelStore
+    r = httpx.post(daemon.url + "/api/create", json={"model": name, "files": {gguf.name: digest}, "stream": False},
+                   timeout=300)
+    assert r.status_code == 200, r.text
+
+
 def kv_used(daemon: Daemon, name: str) -> int:
     m = daemon.ctx.manager.models.get(name)
     return m.engine.stats().kv_blocks_used if m is not None else 0

@@ -160,7 +160,8 @@ def test_version_answers_while_big_inputs_are_being_prepared(tmp_path: Path, syn
     threads: list[threading.Thread] = []
     try:
         upload_model(d.url, gguf, "tiny")
-        bodies = [{"model": "tiny", "prompt": "word " * (4 * 2**20 // 5), "stream": False},
+        # truncate: false, or the 4 MB prompt is cut to the context and answered, as Ollama does
+        bodies = [{"model": "tiny", "prompt": "word " * (4 * 2**20 // 5), "stream": False, "truncate": False},
                   {"model": "tiny", "prompt": "x", "stream": False,
                    "template": "{{ range 3000 }}{{ range 3000 }}x{{ end }}{{ end }}"}]
 

@@ -2,6 +2,8 @@
 
 No weights can be downloaded in tests, so every backend loads models made here. The tokenizer is a real
 byte-level BPE trained on Python stdlib sources; llama.cpp tokenises our GGUF exactly as HF does the HF dir.
+Scripted models (scripted.py: ScriptedSpec, Reply, cached_scripted) are GGUFs in a real family's vocabulary and
+chat template whose greedy reply to a given prompt is a given text, for testing each family's output formats.
 """
 from .factory import FORMATS, cached_model, gguf_filename, make_model
 from .gguf_writer import GGUF_DTYPES, gguf_name, gguf_tensors, write_gguf

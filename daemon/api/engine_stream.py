@@ -14,7 +14,7 @@ from fastapi import Request
 from ..engine.engine import EngineStopped, PromptTooLong, QueueFull
 from ..manager import Lease
 from . import overflow
-from .errors import SERVER_BUSY, APIError
+from .errors import CLIENT_GONE, SERVER_BUSY, APIError
 from .prepare import Prepared
 
 
@@ -126,6 +126,7 @@ class EngineChunks:
         self.request, self.engine, self.streams, self.lease, self.t_start = request, engine, streams, lease, t_start
         self.truncation = truncation
         self.done: set[int] = set()
+        self.client_gone = False  # the watcher saw http.disconnect: an abort after it is our client's, not overload
 
     @property
     def finished(self) -> bool:
@@ -136,12 +137,16 @@ class EngineChunks:
             if i not in self.done:
                 self.engine.abort(s.seq_id)
 
+    def _client_left(self) -> None:
+        self.client_gone = True
+        self._abort_rest()
+
     def close(self) -> None:
         self._abort_rest()
         self.lease.release()
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        watcher = asyncio.create_task(_watch_disconnect(self.request, self._abort_rest))
+        watcher = asyncio.create_task(_watch_disconnect(self.request, self._client_left))
         try:
             async for i, d in _merged(self.streams):
                 if d.progress is not None:
@@ -154,6 +159,8 @@ class EngineChunks:
                 if d.done_reason == "error":
                     # the engine logged the cause; its text (an exception's) is not for clients
                     raise APIError(500, "internal error: generation failed (see the daemon log)")
+                if d.done_reason == "abort" and self.client_gone:  # 499 in the logs and /metrics, not overload
+                    raise APIError(CLIENT_GONE, "the client disconnected")
                 if d.done_reason == "abort":  # not our client (it would not be reading): shutdown or unload
                     raise APIError(503, "the request was aborted: the server is shutting down or the model "
                                         "was unloaded; retry")

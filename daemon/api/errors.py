@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..manager import Busy, LoadFailed, ManagerError, ShuttingDown
 
@@ -22,6 +23,7 @@ M = TypeVar("M", bound=BaseModel)
 
 INTERNAL_ERROR = "internal error (see the daemon log)"  # never the exception's text: it can hold server paths
 SERVER_BUSY = "server busy, please try again.  maximum pending requests exceeded"  # two spaces, as Ollama
+CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, but logs and metrics say what happened
 
 
 class APIError(Exception):
@@ -104,6 +106,13 @@ def install_handlers(app: FastAPI) -> None:
     async def _manager_error(request: Request, exc: ManagerError) -> JSONResponse:
         e = from_manager(exc)
         return error_response(request, e.status, e.message)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # a body cut short (the client closed before its last chunk or its Content-Length): not a server fault,
+        # so no traceback; the access log's line and /metrics say 499
+        log.debug("client left before its request body was complete: %s %s", request.method, request.url.path)
+        return Response(status_code=CLIENT_GONE)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

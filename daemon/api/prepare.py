@@ -378,13 +378,9 @@ def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:
     cancel.checkpoint()
     ctx = model.context_length
     limit = prompt_size.char_limit(model, ctx, len(text))
-    if limit is not None and len(text) > limit:
-        if not truncate:
-            raise APIError(400, "the input length exceeds the context length")
-        # only the first ctx tokens are kept, and they come from the first `limit` characters; the margin keeps
-        # the cut far from where the kept tokens end, so the kept ones tokenize as in the whole text
-        text = text[: 2 * limit]
-    ids = list(model.runner.tokenizer.encode(text, add_special=True, parse_special=True))
+    if limit is not None and len(text) > limit and not truncate:
+        raise APIError(400, "the input length exceeds the context length")
+    ids = _head_ids(model, text, ctx, limit if truncate else None)
     if len(ids) > ctx:
         if not truncate:
             raise APIError(400, "the input length exceeds the context length")
@@ -392,3 +388,23 @@ def embed_input(model: LoadedModel, text: str, truncate: bool) -> list[int]:
     if not ids:
         raise APIError(400, "cannot embed an input that tokenises to nothing")
     return ids
+
+
+def _head_ids(model: LoadedModel, text: str, ctx: int, limit: int | None) -> list[int]:
+    """The ids of `text`, or (`limit` given: truncating) of a start of it that holds its first `ctx` tokens twice
+    over, found by doubling a prefix: 5 MB of text then costs what a window's worth does, as on the generation
+    routes, which refuse it by `limit`. The margin keeps the cut far from where the kept tokens end, so they
+    tokenize as in the whole text; the first `limit` characters always hold them."""
+    def encode(t: str) -> list[int]:
+        return list(model.runner.tokenizer.encode(t, add_special=True, parse_special=True))
+
+    if limit is None:
+        return encode(text)
+    n = 8 * ctx  # characters: about two windows of ordinary text
+    while n < len(text) and n < 2 * limit:
+        ids = encode(text[:n])
+        if len(ids) >= 2 * ctx:
+            return ids
+        cancel.checkpoint()
+        n *= 2
+    return encode(text[: 2 * limit])

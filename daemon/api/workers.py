@@ -12,13 +12,12 @@ from typing import Any, Callable, TypeVar
 from fastapi import Request
 
 from .. import cancel
-from .errors import APIError
+from .errors import CLIENT_GONE, APIError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WATCH_TASK = "evenflow-prepare-watch"  # the name of the task that watches for a disconnect during prepare
-CLIENT_GONE = 499  # nginx's "client closed request": nobody reads it, but logs and metrics say what happened
 
 
 def pool_size(cpus: int | None = None) -> int:

@@ -16,7 +16,7 @@ import llguidance as llg
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
-from .json_schema import SchemaError, check_finite, ollama_semantics
+from .json_schema import SchemaError, check_finite, check_size, ollama_semantics
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,8 @@ def grammar_for_format(fmt: Any) -> str | None:
     if fmt == "json":
         schema: Any = JSON_OBJECT_SCHEMA
     elif isinstance(fmt, dict):
-        schema = ollama_semantics(fmt)
         try:
-            check_finite(schema)
+            schema = _readable(fmt)
         except SchemaError as e:
             raise GrammarError(f"invalid JSON schema in format: {e}") from None
     else:
@@ -60,12 +59,21 @@ def grammar_for_format(fmt: Any) -> str | None:
     return grammar
 
 
+def _readable(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` as Ollama reads it, once its size is known to compile fast (checked again after allOf merges
+    objects) and a finite value satisfies it; SchemaError otherwise."""
+    check_size(schema)
+    schema = ollama_semantics(schema)
+    check_size(schema)
+    check_finite(schema)
+    return schema
+
+
 def grammar_for_tool_call(schema: dict[str, Any], prefix: str = "", suffix: str = "") -> str:
     """A JSON value of `schema` between two literal texts: a forced tool call in its template's markers
     (`<tool_call>\n` ... `\n</tool_call>`). The schema is read as `format` schemas are."""
-    schema = ollama_semantics(schema)
     try:
-        check_finite(schema)
+        schema = _readable(schema)
     except SchemaError as e:
         raise GrammarError(f"invalid tool input_schema: {e}") from None
     body = json.dumps({**schema, "x-guidance": _JSON_OPTIONS})

@@ -5,7 +5,8 @@ literal reading lets a weak model run until `num_predict`: an object lists only 
 `additionalProperties` is `true` or a schema, required properties come first, and an integer has at most
 16 digits. `ollama_semantics` rewrites a schema so that llguidance's literal reading gives those grammars;
 `check_finite` refuses a schema no finite JSON value satisfies (a required property that contains itself),
-which would otherwise be a grammar that can never end. docs/api.md lists what still differs.
+which would otherwise be a grammar that can never end; `check_size` refuses a schema too big to compile in
+well under a second. docs/api.md lists what still differs.
 """
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
                "additionalItems", "unevaluatedProperties", "unevaluatedItems")
 _VISIT_BUDGET = 20_000  # schema nodes check_finite looks at before it gives up and lets llguidance decide
+# llguidance's grammar for an object's optional properties grows with the square of their number (any later
+# property may follow each one): 1,000 compile in ~0.1 s, 10,000 in 10-60 s of a worker. OpenAI's structured
+# outputs allow 5,000 properties in a schema; one object is held to fewer here for that square.
+MAX_OBJECT_PROPERTIES = 1000
+MAX_SCHEMA_PROPERTIES = 5000
 
 
 class SchemaError(ValueError):
@@ -42,20 +48,8 @@ def _rewrite(node: Any, root: dict[str, Any]) -> None:
     if not isinstance(node, dict):
         return
     _merge_all_of(node, root)
-    for key in _SCHEMA_MAPS:
-        if isinstance(node.get(key), dict):
-            for sub in node[key].values():
-                _rewrite(sub, root)
-    for key in _SCHEMA_LISTS:
-        if isinstance(node.get(key), list):
-            for sub in node[key]:
-                _rewrite(sub, root)
-    for key in _SCHEMA_ONE:
-        if isinstance(node.get(key), list):  # the pre-2020 tuple form of items
-            for sub in node[key]:
-                _rewrite(sub, root)
-        else:
-            _rewrite(node.get(key), root)
+    for sub in _subschemas(node):
+        _rewrite(sub, root)
     _close_object(node)
     _bound_numbers(node)
 
@@ -75,9 +69,10 @@ def _close_object(node: dict[str, Any]) -> None:
     required = node.get("required")
     if isinstance(required, list):
         if node["additionalProperties"] is False:  # llama.cpp ignores required names it has no schema for
-            node["required"] = required = [r for r in required if r in props]
-        first = [k for k in props if k in required]
-        node["properties"] = {k: props[k] for k in first + [k for k in props if k not in required]}
+            node["required"] = required = [r for r in required if isinstance(r, str) and r in props]
+        wanted = {r for r in required if isinstance(r, str)}  # a set: 10,000 names are not 10**8 comparisons
+        first = [k for k in props if k in wanted]
+        node["properties"] = {k: props[k] for k in first + [k for k in props if k not in wanted]}
 
 
 def _bound_numbers(node: dict[str, Any]) -> None:
@@ -116,9 +111,11 @@ def _merge_all_of(node: dict[str, Any], root: dict[str, Any]) -> None:
                 and target.get("type", "object") == "object" and target is not node:
             props = node.setdefault("properties", {})
             for name, sub in target["properties"].items():
-                props.setdefault(name, copy.deepcopy(sub))
+                if name not in props:
+                    props[name] = copy.deepcopy(sub)
             required = node.setdefault("required", [])
-            required += [r for r in target.get("required", []) if r not in required]
+            have = {r for r in required if isinstance(r, str)}
+            required += [r for r in target.get("required", []) if not isinstance(r, str) or r not in have]
         else:
             kept.append(part)
     if len(kept) == len(parts):
@@ -128,6 +125,44 @@ def _merge_all_of(node: dict[str, Any], root: dict[str, Any]) -> None:
         node.setdefault("additionalProperties", True)  # the parts left over may name keys of their own
     else:
         del node["allOf"]
+
+
+def check_size(schema: Any) -> None:
+    """SchemaError naming the limit when an object of `schema` has over MAX_OBJECT_PROPERTIES properties, or the
+    whole over MAX_SCHEMA_PROPERTIES: refused in one walk, before a worker spends seconds compiling it."""
+    total = 0
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        props = node.get("properties")
+        if isinstance(props, dict):
+            if len(props) > MAX_OBJECT_PROPERTIES:
+                raise SchemaError(f"schema too large: an object has {len(props)} properties, the limit is "
+                                  f"{MAX_OBJECT_PROPERTIES} in one object ({MAX_SCHEMA_PROPERTIES} in the whole "
+                                  f"schema); split it or leave properties out")
+            total += len(props)
+            if total > MAX_SCHEMA_PROPERTIES:
+                raise SchemaError(f"schema too large: over {MAX_SCHEMA_PROPERTIES} properties in all, the limit "
+                                  f"for a whole schema ({MAX_OBJECT_PROPERTIES} in one object); split it or leave "
+                                  f"properties out")
+        stack.extend(_subschemas(node))
+
+
+def _subschemas(node: dict[str, Any]) -> list[Any]:
+    """The schemas directly inside `node` (the places `_rewrite` visits)."""
+    out: list[Any] = []
+    for key in _SCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            out += node[key].values()
+    for key in _SCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            out += node[key]
+    for key in _SCHEMA_ONE:
+        sub = node.get(key)
+        out += sub if isinstance(sub, list) else [sub]
+    return out
 
 
 def resolve_ref(root: dict[str, Any], ref: str) -> Any:

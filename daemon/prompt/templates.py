@@ -25,7 +25,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from . import gotemplate
 from .gotemplate import Budget, TemplateBudgetExceeded, TemplateError
-from .gotemplate.budget import MAX_ITEMS, MAX_OUTPUT, TemplateCancelled
+from .gotemplate.budget import MAX_ITEMS, MAX_OUTPUT, TemplateCancelled, cache_small
 from .gotemplate.ollama import DEFAULT_TEMPLATE, render_go_chat
 from .gotemplate.ollama import go_nodes as _go_nodes
 from .gotemplate.ollama import go_vars as _go_vars
@@ -115,7 +115,7 @@ def thinking_tags(template: str | None, arch: str | None = None) -> tuple[str, s
     return None
 
 
-@functools.lru_cache(maxsize=64)
+@cache_small(maxsize=64)
 def _switches_on_thinking(template: str) -> bool:
     """A Jinja template thinks if `enable_thinking` changes what it renders (not merely that it names it)."""
     msgs = [{"role": "user", "content": "hi"}]
@@ -192,7 +192,7 @@ def _jinja_env() -> SandboxedEnvironment:
     return env
 
 
-@functools.lru_cache(maxsize=64)
+@cache_small(maxsize=64)
 def _compile_jinja(template: str) -> jinja2.Template:
     try:
         return _jinja_env().from_string(template)

@@ -165,7 +165,7 @@ def _weights_layers(store: ModelStore, files: dict[str, str]) -> tuple[list[Laye
         for path, name in shown.items():
             text = text.replace(path, name)
         raise InvalidModel(text) from None
-    family = info.architecture
+    family = info.family
     cfg = ModelConfig(model_format=info.format, model_family=family, model_families=[family] if family else [],
                       model_type=human_number(info.parameter_count) if info.parameter_count else "",
                       file_type=info.file_type)

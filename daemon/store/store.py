@@ -218,7 +218,6 @@ class ModelStore:
     def resolve(self, name: str) -> ResolvedModel:
         """Everything to load and prompt `name`; raises ModelNotFound, InvalidName, InvalidModel, BlobNotFound."""
         # jinja2 only here: the CLI imports the store without it
-        from ..prompt.formats import family_architecture  # noqa: PLC0415
         from ..prompt.templates import template_capabilities  # noqa: PLC0415
 
         found = self._require(name)
@@ -243,7 +242,7 @@ class ModelStore:
         arch = info.architecture
         ctx = info.metadata.get(f"{arch}.context_length") or info.metadata.get(f"{arch}.max_position_embeddings")
         caps = ["embedding"] if info.is_embedding else ["completion"]
-        caps += template_capabilities(template, family_architecture(arch, info.metadata))
+        caps += template_capabilities(template, info.family)
         projector = manifest.first(MT_PROJECTOR)
         if projector is not None:
             caps.append("vision")

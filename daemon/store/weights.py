@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 SMALL_ARRAY = 5  # Ollama shows arrays longer than this as [] in non-verbose model_info
 _ST_DTYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": "I8", "U8": "U8", "F8_E4M3": "F8_E4M3"}
 SYNTHETIC_KEY = "evenflow.synthetic"
+# A scripted test model (backends/synthetic/scripted.py) runs as llama.cpp's `gpt2` but speaks another family's formats
+FAMILY_KEY = "evenflow.scripted.architecture"
 
 
 class WeightsError(ValueError):
@@ -45,6 +47,12 @@ class WeightsInfo:
     eos_token: str | None = None
     synthetic: bool = False
     tensors: list[dict[str, Any]] = field(default_factory=list)  # [{name, type, shape}] for verbose show
+
+    @property
+    def family(self) -> str:
+        """The model family (details.family): the architecture, or the family a scripted model stands in for."""
+        override = self.metadata.get(FAMILY_KEY)
+        return override if isinstance(override, str) and override else self.architecture
 
     @property
     def is_embedding(self) -> bool:

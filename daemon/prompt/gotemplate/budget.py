@@ -3,9 +3,10 @@ A request may carry its own template (`/api/generate`'s `template`), so a loop o
 build a gigabyte (`printf "%999999999s"`, `"x"|center(10**9)`), must end in a clear error, not hold a worker."""
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from ... import cancel
 from .errors import TemplateError
@@ -13,6 +14,26 @@ from .errors import TemplateError
 MAX_STEPS = 500_000  # real chat templates take well under 1,000 per message
 MAX_OUTPUT = 64 * 2**20  # characters: a prompt this long is far past any context window anyway
 MAX_ITEMS = 1_000_000  # items in one list or map a template builds (a chat has far fewer messages)
+# Templates are cached by their text; real ones are under 20 KB. A request's own template can be megabytes, and
+# 64 cached 1 MB templates held ~3 GB (their text and parsed nodes) for the daemon's life: those are not cached.
+MAX_CACHED_CHARS = 64 * 1024
+
+T = TypeVar("T")
+
+
+def cache_small(maxsize: int) -> Callable[[Callable[[str], T]], Callable[[str], T]]:
+    """`functools.lru_cache(maxsize)` for a function of one template text, skipped for texts over
+    MAX_CACHED_CHARS (those are worked out again on each use)."""
+    def wrap(fn: Callable[[str], T]) -> Callable[[str], T]:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(text: str) -> T:
+            return cached(text) if len(text) <= MAX_CACHED_CHARS else fn(text)
+
+        call.cache_clear, call.cache_info = cached.cache_clear, cached.cache_info  # type: ignore[attr-defined]
+        return call
+    return wrap
 
 
 class TemplateBudgetExceeded(TemplateError):

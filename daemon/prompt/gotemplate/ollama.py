@@ -2,11 +2,10 @@
 (System, Messages, Tools, Response, Think...), messages mode vs per-turn legacy mode, `.Response` auto-append."""
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
-from .budget import Budget
+from .budget import Budget, cache_small
 from .execute import cut_after_response, execute, identifiers
 from .funcs import GoValue
 from .parser import Action, Operand, Pipe, parse
@@ -19,7 +18,7 @@ def go_nodes(template: str) -> list[Any]:
     return _go_parse(template)
 
 
-@functools.lru_cache(maxsize=64)
+@cache_small(maxsize=64)
 def _go_parse(template: str) -> list[Any]:
     node_list = parse(template)
     names = identifiers(node_list)

@@ -1,10 +1,10 @@
 """Tokens -> nodes: text, actions (pipelines), if/with/range branches, break/continue."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from .budget import cache_small
 from .errors import TemplateError
 from .funcs import FUNCS, LAZY_FUNCS
 from .lexer import Tok, _Raw, _lex
@@ -167,7 +167,7 @@ class _Parser:
         return op, k + 1
 
 
-@functools.lru_cache(maxsize=128)
+@cache_small(maxsize=128)
 def parse(src: str) -> list[Any]:
     """Parse template text into a node list (cached; the nodes are never mutated)."""
     parser = _Parser(_lex(src))

@@ -1,0 +1,79 @@
+"""Each model family's real output bytes, through the daemon's real path, on every API: a scripted model per family
+(its real vocabulary, special tokens and chat template; backends/synthetic/scripted.py) writes exactly what a model
+of that family writes, and /api/chat, /api/generate, /v1/chat/completions, /v1/responses and /v1/messages must
+return its thinking, content and tool calls, streamed and whole, through the official ollama, openai and anthropic
+clients. The families and cases are rows in family_cases.py."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+
+from api_drivers import APIS, FINISH, Answer, Ask, ask  # noqa: E402
+from api_harness import Daemon, add_model, start_daemon  # noqa: E402
+from family_cases import CASES, FAMILIES, TOOLS, Case, scripted_spec  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, fixtures_dir: Path) -> Iterator[tuple[Daemon, dict[str, str]]]:
+    """One daemon; per family one scripted model holding its cases (more where two cases' outputs clash); and which
+    model answers which case."""
+    from evenflow.backends.synthetic.scripted import cached_scripted, group_replies
+
+    # one llama.cpp thread: on a busy 2-core machine a second one mostly waits for the first
+    d = start_daemon(tmp_path_factory.mktemp("families"), backend="llamacpp", num_threads="1")
+    model_of: dict[str, str] = {}
+    try:
+        for family in FAMILIES.values():
+            cases = [c for c in CASES if c.family == family.name]
+            if not cases:
+                continue
+            spec = scripted_spec(fixtures_dir, family, cases)
+            for part in group_replies(spec):
+                add_model(d, cached_scripted(part), part.name)
+                model_of.update({c.id: part.name for c, r in zip(cases, spec.replies) if r in part.replies})
+        yield d, model_of
+    finally:
+        d.stop()
+
+
+def _expected(case: Case, api: str) -> Answer:
+    return Answer(case.thinking, case.content, list(case.calls), FINISH[api][1 if case.calls else 0])
+
+
+def _seen(a: Answer | Exception) -> Answer | str:
+    if isinstance(a, Exception):
+        return f"{type(a).__name__}: {a}"
+    return Answer(a.thinking.strip(), a.content.strip(), a.calls, a.finish)
+
+
+def _ask(api: str, url: str, q: Ask) -> Answer | Exception:
+    try:
+        return ask(api, url, q)
+    except Exception as e:  # noqa: BLE001 - reported with the other APIs' results
+        return e
+
+
+def _params() -> list:
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(reason=c.xfail, strict=True)] if c.xfail else [])
+            for c in CASES]
+
+
+@pytest.mark.parametrize("case", _params())
+def test_family_output_parses_on_every_api(daemon: tuple[Daemon, dict[str, str]], case: Case) -> None:
+    d, model_of = daemon
+    q = Ask(model=model_of[case.id], messages=[{"role": "user", "content": case.question()}],
+            tools=TOOLS if case.tools else None, think=case.think)
+    runs = [(api, stream) for api in APIS for stream in (False, True) if not (api == "ollama_generate" and case.tools)]
+    # all at once: the engine batches them, and every API's reply path runs beside the others
+    with ThreadPoolExecutor(len(runs)) as pool:
+        answers = list(pool.map(lambda r: _ask(r[0], d.url, replace(q, stream=r[1])), runs))
+    wrong = {f"{api}{' streamed' if stream else ''}": _seen(a) for (api, stream), a in zip(runs, answers)
+             if _seen(a) != _expected(case, api)}
+    assert not wrong, f"{case.id}: model output {case.output!r}\n" + "\n".join(
+        f"  {k}: {v}\n    expected {_expected(case, k.split()[0])}" for k, v in wrong.items())

@@ -182,6 +182,7 @@ def test_twins_extended_leave_one_chain(runners):
     """Requests that compute the same blocks side by side, one going further: a later hit is one run of blocks
     (found by the state machine: llama.cpp's streams served only part of it)."""
     CacheMachine.warm, CacheMachine.solo = runners
+    CacheMachine.oracle = {}
     machine = CacheMachine()
     machine.start(docs=[[3] * DOC_LEN] * 3)
     for blocks in (2, 4, 4):
@@ -190,3 +191,23 @@ def test_twins_extended_leave_one_chain(runners):
     machine.step(steps=2)
     machine.nothing_lost()
     machine.teardown()
+
+
+def test_twins_parting_leave_whole_chains(runners):
+    """Requests that compute the same blocks side by side and then part: the one whose twins keep the keys leaves
+    the other's continuation uncached, so no hit runs through blocks no single llama.cpp stream holds (found by the
+    state machine: a hit had to be recomputed)."""
+    CacheMachine.warm, CacheMachine.solo = runners
+    CacheMachine.oracle = {}
+    machine = CacheMachine()
+    doc = [3] * DOC_LEN
+    doc[3] = doc[23] = 4
+    machine.start(docs=[doc, [3] * DOC_LEN, [3] * DOC_LEN])
+    for blocks, doc_i, n, off, tail in ((6, 0, 1, 1, [3]), (0, 0, 3, 3, [3]), (6, 1, 2, 0, [3]), (7, 0, 1, 0, [3]),
+                                         (5, 0, 1, 3, [3, 3])):
+        machine.submit(doc=doc_i, blocks=blocks, off=off, tail=tail, n=n)
+    for steps in (1, 3):
+        machine.step(steps=steps)
+        machine.nothing_lost()
+    machine.teardown()
+    machine.nothing_lost()

@@ -395,6 +395,8 @@ class LlamaCppRunner(Runner):
             decode_with_embeddings(self, order, spans, seqs, tok, pos, result, row_of, batch)
         else:
             self._decode(order, spans, seqs, tok, pos, result, row_of, batch)
+        if self.shared_kv:  # the step's cells are written: a hit admitted before the next step may share them
+            self._cells.new_step()
         if self._states is not None:
             self._states.after_step(spans, seqs)
         if self._window is not None:

@@ -44,6 +44,9 @@ class BlockManager:
         self._cached: dict[bytes, int] = {}  # key -> block
         self._free = list(range(num_blocks - 1, -1, -1))  # free and uncached; pop() hands out low ids first
         self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()  # free but cached, oldest first
+        # The block before each cached block in the chain that cached it (-1: the first), to find a chain's cached
+        # continuations when one of its blocks loses its key to a twin (`_unchain`).
+        self._prev = [-1] * num_blocks
         # Blocks whose contents nobody will read again (freed uncached, or evicted from the cache) since the
         # engine last looked: a runner that keeps KV outside the block pool (llama.cpp) drops them.
         self.forgotten: list[int] = []
@@ -187,25 +190,29 @@ class BlockManager:
         if not self.prefix_caching:
             return
         full = seq.num_computed // self.block_size
+        table = seq.block_table
         last = 0
         for i in range(seq.num_registered, full):
             key = self._seq_key(seq, i)
-            b = seq.block_table[i]
+            b = table[i]
             if key in self._cached or self._key[b] is not None:
                 continue  # a twin computed concurrently keeps the entry
             self._cached[key] = b
             self._key[b] = key
+            self._prev[b] = table[i - 1] if i else -1
             last = i
         # The cache keeps chains whole: when `seq` extends past twins of its earlier blocks, its own blocks take
         # their keys, so a later hit is one run of blocks (llama.cpp serves a hit from one stream).
-        for j in range(last):
-            self._repoint(self._seq_key(seq, j), seq.block_table[j])
+        moved = [old for j in range(last) if (old := self._repoint(self._seq_key(seq, j), table[j],
+                                                                    table[j - 1] if j else -1)) is not None]
+        self._unchain(moved)
         seq.num_registered = max(seq.num_registered, full)
 
-    def _repoint(self, key: bytes, b: int) -> None:
+    def _repoint(self, key: bytes, b: int, prev: int) -> int | None:
+        """`key` now names block b (after `prev` in its chain); returns the block that lost it, if any."""
         old = self._cached.get(key)
         if old == b:
-            return
+            return None
         if old is not None:
             self._key[old] = None
             if self._ref[old] == 0:  # free and cached: now simply free
@@ -214,6 +221,27 @@ class BlockManager:
                 self.forgotten.append(old)
         self._cached[key] = b
         self._key[b] = key
+        self._prev[b] = prev
+        return old
+
+    def _unchain(self, olds: list[int]) -> None:
+        """Blocks that lost their keys to twins: their chains' cached continuations that no twin took over (a
+        request that parted from the twin's) are uncached. Their cells sit after the old blocks, in sequences (llama.cpp
+        streams) that do not hold the twins, so a hit running through the twins could not be served from one."""
+        if not olds:
+            return
+        children: dict[int, list[int]] = {}
+        for c, key in enumerate(self._key):
+            if key is not None and self._prev[c] >= 0:
+                children.setdefault(self._prev[c], []).append(c)
+        orphans, stack = [], list(olds)
+        while stack:
+            for c in children.pop(stack.pop(), ()):
+                orphans.append(c)
+                stack.append(c)
+        if orphans:
+            log.debug("uncaching %d blocks whose chains ran through blocks that twins replaced", len(orphans))
+            self.uncache(orphans)
 
     def _seq_key(self, seq: Sequence, i: int) -> bytes:
         """Key of `seq`'s i-th full block; memoised on the sequence (its known tokens never change)."""
@@ -258,8 +286,8 @@ class BlockManager:
     def adopt(self, blocks: list[int], keys: list[bytes]) -> None:
         """Blocks now holding a restored prefix join the cache as cached blocks nobody holds (the chain's keys
         move to them, as when a twin computed concurrently extends past an older copy)."""
-        for key, b in zip(keys, blocks):
-            self._repoint(key, b)
+        self._unchain([old for j, (key, b) in enumerate(zip(keys, blocks))
+                       if (old := self._repoint(key, b, blocks[j - 1] if j else -1)) is not None])
         for b in reversed(blocks):  # as `free` does: the tail is evicted first
             self._lru[b] = None
 

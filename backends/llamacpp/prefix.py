@@ -75,8 +75,8 @@ class PrefixCells(BlockCells):
         self._spare = list(range(num_slots + num_holders - 1, num_slots - 1, -1))
         self._holders: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
         # slot -> first position it writes in the step being set up (cleared once decoded): a block at or past it has
-        # no cells there yet (a recurrent
-        # model's sequence resuming short of its hit computes cached blocks again, and another may share them)
+        # no cells there yet (a recurrent model's sequence resuming short of its hit computes cached blocks again, and
+        # another may share them)
         self._writing: dict[int, int] = {}
 
     def new_step(self) -> None:

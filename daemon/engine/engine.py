@@ -67,7 +67,7 @@ class Engine:
         caching = self.config.prefix_caching and runner.prefix_caching
         self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching,
                                    servable=runner.servable_prefix, resumable=runner.resumable_prefix,
-                                   rewind_in_place=not runner.shared_kv)
+                                   rewind_in_place=not runner.shared_kv, whole_chains=not runner.shared_kv)
         runner.reset_prefix_cache()  # a new engine knows nothing the runner may still hold
         self.cache_hit_tokens = 0
         self.cache_query_tokens = 0

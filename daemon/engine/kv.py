@@ -33,7 +33,8 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True,
                  servable: Callable[[list[int]], int] | None = None,
-                 resumable: Callable[[list[int]], int] | None = None, rewind_in_place: bool = True) -> None:
+                 resumable: Callable[[list[int]], int] | None = None, rewind_in_place: bool = True,
+                 whole_chains: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -47,6 +48,9 @@ class BlockManager:
         # The block before each cached block in the chain that cached it (-1: the first), to find a chain's cached
         # continuations when one of its blocks loses its key to a twin (`_unchain`).
         self._prev = [-1] * num_blocks
+        # whole_chains: a hit must be one run held together (llama.cpp's streams copy whole sequences); a shared pool
+        # (llama.cpp's unified cache) serves a chain position by position, so its twins' continuations stay cached.
+        self.whole_chains = whole_chains
         # Blocks whose contents nobody will read again (freed uncached, or evicted from the cache) since the
         # engine last looked: a runner that keeps KV outside the block pool (llama.cpp) drops them.
         self.forgotten: list[int] = []
@@ -228,7 +232,7 @@ class BlockManager:
         """Blocks that lost their keys to twins: their chains' cached continuations that no twin took over (a
         request that parted from the twin's) are uncached. Their cells sit after the old blocks, in sequences (llama.cpp
         streams) that do not hold the twins, so a hit running through the twins could not be served from one."""
-        if not olds:
+        if not olds or not self.whole_chains:
             return
         children: dict[int, list[int]] = {}
         for c, key in enumerate(self._key):

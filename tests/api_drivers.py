@@ -1,7 +1,9 @@
 """One question to a daemon through each API's official client (ollama, openai, anthropic), streamed or whole,
-read back as (thinking, content, tool calls, finish): what an app using that client would get."""
+read back as (thinking, content, tool calls, finish): what an app using that client would get. A conversation may
+hold a tool call and its result, sent in each API's own shape."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,12 +29,13 @@ class Answer:
 
 @dataclass(frozen=True)
 class Ask:
-    """One request: `messages` are {"role", "content"} dicts (user/assistant text); tools in Ollama's shape."""
+    """One request: `messages` in Ollama's shape (user/assistant text; an assistant turn's `tool_calls` and the
+    `tool` messages answering them, in order); tools in Ollama's shape."""
 
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
-    think: bool | None = None  # None: the request says nothing (the model's default)
+    think: bool | str | None = None  # None: the request says nothing (the model's default); a str: a level
     stream: bool = False
     max_tokens: int = 512
     schema: dict[str, Any] | None = None  # structured output (a JSON schema)
@@ -42,8 +45,80 @@ def _calls_json(calls: list[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]
     return [(name, json.loads(args) if args else {}) for name, args in calls]
 
 
+# One client per API and daemon, shared by every request (the clients are thread-safe): a client's creation
+# costs an SSL context, more than a tiny model's reply.
+@functools.lru_cache(maxsize=32)
+def _ollama(url: str) -> ollama.Client:
+    return ollama.Client(host=url, timeout=600)
+
+
+@functools.lru_cache(maxsize=32)
+def _openai(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+@functools.lru_cache(maxsize=32)
+def _anthropic(url: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=600)
+
+
+def _call_ids(messages: list[dict[str, Any]]) -> list[str]:
+    """An id for each tool call of the conversation, in order (tool results answer them in that order)."""
+    n = sum(len(m.get("tool_calls") or []) for m in messages)
+    return [f"call_{i}" for i in range(n)]
+
+
+def _openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ids, answered, out = iter(_call_ids(messages)), iter(_call_ids(messages)), []
+    for m in messages:
+        if m.get("tool_calls"):
+            out.append({"role": "assistant", "content": m.get("content") or None, "tool_calls": [
+                {"id": next(ids), "type": "function", "function": {
+                    "name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
+                for c in m["tool_calls"]]})
+        elif m["role"] == "tool":
+            out.append({"role": "tool", "tool_call_id": next(answered), "content": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def _responses_input(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ids, answered, out = iter(_call_ids(messages)), iter(_call_ids(messages)), []
+    for m in messages:
+        if m.get("tool_calls"):
+            if m.get("content"):
+                out.append({"role": "assistant", "content": m["content"]})
+            out += [{"type": "function_call", "call_id": next(ids), "name": c["function"]["name"],
+                     "arguments": json.dumps(c["function"]["arguments"])} for c in m["tool_calls"]]
+        elif m["role"] == "tool":
+            out.append({"type": "function_call_output", "call_id": next(answered), "output": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def _anthropic_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ids, answered, out = iter(_call_ids(messages)), iter(_call_ids(messages)), []
+    for m in messages:
+        if m.get("tool_calls"):
+            text = [{"type": "text", "text": m["content"]}] if m.get("content") else []
+            out.append({"role": "assistant", "content": text + [
+                {"type": "tool_use", "id": next(ids), "name": c["function"]["name"],
+                 "input": c["function"]["arguments"]} for c in m["tool_calls"]]})
+        elif m["role"] == "tool":
+            result = {"type": "tool_result", "tool_use_id": next(answered), "content": m["content"]}
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(result)  # results of one turn's calls share one user message
+            else:
+                out.append({"role": "user", "content": [result]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
 def ollama_chat(url: str, q: Ask) -> Answer:
-    c = ollama.Client(host=url, timeout=600)
+    c = _ollama(url)
     kw: dict[str, Any] = dict(model=q.model, messages=q.messages, tools=q.tools, think=q.think, format=q.schema,
                               options={"temperature": 0, "num_predict": q.max_tokens})
     a = Answer()
@@ -58,7 +133,7 @@ def ollama_chat(url: str, q: Ask) -> Answer:
 
 def ollama_generate(url: str, q: Ask) -> Answer:
     assert len(q.messages) == 1 and not q.tools, "/api/generate takes one prompt and no tools"
-    c = ollama.Client(host=url, timeout=600)
+    c = _ollama(url)
     kw: dict[str, Any] = dict(model=q.model, prompt=q.messages[0]["content"], think=q.think, format=q.schema,
                               options={"temperature": 0, "num_predict": q.max_tokens})
     a = Answer()
@@ -69,14 +144,18 @@ def ollama_generate(url: str, q: Ask) -> Answer:
     return a
 
 
-_EFFORT = {None: openai.NOT_GIVEN, True: "medium", False: "none"}
+def _effort(think: bool | str | None) -> Any:
+    """OpenAI's reasoning effort for a think value: a level as it is, true as medium, false as none."""
+    if isinstance(think, str):
+        return think
+    return {None: openai.NOT_GIVEN, True: "medium", False: "none"}[think]
 
 
 def openai_chat(url: str, q: Ask) -> Answer:
-    c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    c = _openai(url)
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": q.schema}} if q.schema else openai.NOT_GIVEN
-    kw: dict[str, Any] = dict(model=q.model, messages=q.messages, tools=q.tools or openai.NOT_GIVEN,
-                              reasoning_effort=_EFFORT[q.think], temperature=0, max_tokens=q.max_tokens,
+    kw: dict[str, Any] = dict(model=q.model, messages=_openai_messages(q.messages), tools=q.tools or openai.NOT_GIVEN,
+                              reasoning_effort=_effort(q.think), temperature=0, max_tokens=q.max_tokens,
                               response_format=fmt)
     a = Answer()
     if not q.stream:
@@ -101,13 +180,13 @@ def openai_chat(url: str, q: Ask) -> Answer:
 
 
 def responses(url: str, q: Ask) -> Answer:
-    c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    c = _openai(url)
     tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"].get("description", ""),
               "parameters": t["function"]["parameters"]} for t in q.tools or []]
-    effort = {None: openai.NOT_GIVEN, True: {"effort": "medium"}, False: {"effort": "none"}}[q.think]
+    effort = openai.NOT_GIVEN if q.think is None else {"effort": _effort(q.think)}
     text = {"format": {"type": "json_schema", "name": "answer", "schema": q.schema}} if q.schema else openai.NOT_GIVEN
-    kw: dict[str, Any] = dict(model=q.model, input=q.messages, tools=tools or openai.NOT_GIVEN, reasoning=effort,
-                              temperature=0, max_output_tokens=q.max_tokens, text=text)
+    kw: dict[str, Any] = dict(model=q.model, input=_responses_input(q.messages), tools=tools or openai.NOT_GIVEN,
+                              reasoning=effort, temperature=0, max_output_tokens=q.max_tokens, text=text)
     a = Answer()
     if not q.stream:
         r = c.responses.create(**kw)
@@ -133,16 +212,17 @@ def responses(url: str, q: Ask) -> Answer:
 
 
 def anthropic_messages(url: str, q: Ask) -> Answer:
-    c = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    c = _anthropic(url)
     tools = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
               "input_schema": t["function"]["parameters"]} for t in q.tools or []]
-    thinking = {None: anthropic.NOT_GIVEN, True: {"type": "enabled", "budget_tokens": 1024},
-                False: {"type": "disabled"}}[q.think]
+    # no levels here: a budget says how much
+    thinking = (anthropic.NOT_GIVEN if q.think is None else {"type": "disabled"} if q.think is False
+                else {"type": "enabled", "budget_tokens": 1024})
     output = {"format": {"type": "json_schema", "schema": q.schema}} if q.schema else anthropic.NOT_GIVEN
     # the client no longer types sampling fields; the API still takes them
-    kw: dict[str, Any] = dict(model=q.model, messages=q.messages, tools=tools or anthropic.NOT_GIVEN,
-                              thinking=thinking, max_tokens=q.max_tokens, output_config=output,
-                              extra_body={"temperature": 0})
+    kw: dict[str, Any] = dict(model=q.model, messages=_anthropic_messages(q.messages),
+                              tools=tools or anthropic.NOT_GIVEN, thinking=thinking, max_tokens=q.max_tokens,
+                              output_config=output, extra_body={"temperature": 0})
     a = Answer()
     if not q.stream:
         m = c.messages.create(**kw)

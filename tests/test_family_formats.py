@@ -1,22 +1,25 @@
 """Each model family's real output bytes, through the daemon's real path, on every API: a scripted model per family
-(its real vocabulary, special tokens and chat template; backends/synthetic/scripted.py) writes exactly what a model
-of that family writes, and /api/chat, /api/generate, /v1/chat/completions, /v1/responses and /v1/messages must
-return its thinking, content and tool calls, streamed and whole, through the official ollama, openai and anthropic
-clients. The families and cases are rows in family_cases.py."""
+(its vocabulary and special tokens, its real chat template; backends/synthetic/scripted.py) writes exactly what a
+model of that family writes — tokenizer -> engine -> detokenizer with the format's structure tokens preserved ->
+reply parser — and /api/chat, /api/generate, /v1/chat/completions, /v1/responses and /v1/messages must return its
+thinking, content and tool calls, streamed and whole, through the official ollama, openai and anthropic clients.
+The families and cases are rows in family_cases.py; one daemon holds every family's model."""
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 from api_drivers import APIS, FINISH, Answer, Ask, ask  # noqa: E402
 from api_harness import Daemon, add_model, start_daemon  # noqa: E402
-from family_cases import CASES, FAMILIES, TOOLS, Case, scripted_spec  # noqa: E402
+from family_cases import CASES, FAMILIES, TOOLS, Case, Family, scripted_spec, template_text  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,6 @@ def daemon(tmp_path_factory, fixtures_dir: Path) -> Iterator[tuple[Daemon, dict[
     try:
         for family in FAMILIES.values():
             cases = [c for c in CASES if c.family == family.name]
-            if not cases:
-                continue
             spec = scripted_spec(fixtures_dir, family, cases)
             for part in group_replies(spec):
                 add_model(d, cached_scripted(part), part.name)
@@ -65,15 +66,40 @@ def _params() -> list:
 
 
 @pytest.mark.parametrize("case", _params())
-def test_family_output_parses_on_every_api(daemon: tuple[Daemon, dict[str, str]], case: Case) -> None:
+def test_family_output_parses_on_every_api(daemon: tuple[Daemon, dict[str, str]], case: Case,
+                                           caplog: pytest.LogCaptureFixture) -> None:
     d, model_of = daemon
-    q = Ask(model=model_of[case.id], messages=[{"role": "user", "content": case.question()}],
-            tools=TOOLS if case.tools else None, think=case.think)
-    runs = [(api, stream) for api in APIS for stream in (False, True) if not (api == "ollama_generate" and case.tools)]
+    q = Ask(model=model_of[case.id], messages=case.messages(), tools=TOOLS if case.tools else None, think=case.think,
+            schema=case.schema)
+    runs = [(api, stream) for api in APIS for stream in (False, True)
+            if not (api == "ollama_generate" and (case.tools or case.after))]
     # all at once: the engine batches them, and every API's reply path runs beside the others
-    with ThreadPoolExecutor(len(runs)) as pool:
+    with (caplog.at_level(logging.WARNING, logger="evenflow.daemon.prompt.formats"),
+          ThreadPoolExecutor(len(runs)) as pool):
         answers = list(pool.map(lambda r: _ask(r[0], d.url, replace(q, stream=r[1])), runs))
     wrong = {f"{api}{' streamed' if stream else ''}": _seen(a) for (api, stream), a in zip(runs, answers)
              if _seen(a) != _expected(case, api)}
     assert not wrong, f"{case.id}: model output {case.output!r}\n" + "\n".join(
         f"  {k}: {v}\n    expected {_expected(case, k.split()[0])}" for k, v in wrong.items())
+    unknown = [r.getMessage() for r in caplog.records if "unknown reply format" in r.getMessage()]
+    if FAMILIES[case.family].format is None:  # said once, naming the template; never an error
+        assert len(unknown) == 1 and "sha256:" in unknown[0], unknown
+    else:
+        assert not unknown
+
+
+@pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
+def test_family_capabilities(daemon: tuple[Daemon, dict[str, str]], family: Family, fixtures_dir: Path) -> None:
+    """The reply format the template and architecture pick; /api/show: what the template enables, and the family
+    the model stands in for."""
+    from evenflow.daemon.prompt import formats
+
+    fmt = formats.detect(template_text(fixtures_dir, family), family.architecture)
+    assert (fmt.family if fmt else None) == family.format
+    d, model_of = daemon
+    model = next(model_of[c.id] for c in CASES if c.family == family.name)
+    r = httpx.post(d.url + "/api/show", json={"model": model}, timeout=60)
+    assert r.status_code == 200, r.text
+    show = r.json()
+    assert sorted(show["capabilities"]) == sorted(["completion", *family.capabilities])
+    assert show["details"]["family"] == family.architecture

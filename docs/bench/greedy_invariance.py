@@ -29,7 +29,7 @@ def answers(spec: str, doc: str) -> dict[str, dict[str, str]]:
     """Each prompt's cold, cached and beside-a-stream answers with speculation `spec`."""
     out: dict[str, dict[str, str]] = {}
     with serve_daemon({"OLLAMA_MODELS": tempfile.mkdtemp(), "EVENFLOW_SPECULATIVE": spec},
-                      "greedy_invariance.log") as url:
+                      "greedy_invariance_daemon.log") as url:
         import_model(url, GGUF)
         for name, q in EXTRACT[:3]:
             row = {"cold": complete(url, doc + q, 80, 0.0, 1)["text"],

@@ -233,6 +233,11 @@ class Runner(abc.ABC):
     device: Any = "cpu"  # where it computes: str(device) starting with "cpu" gives the engine CPU defaults
     kv_layout: str | None = None  # how the KV is laid out, where a backend has a choice (llama.cpp: streams | unified)
     kv_types: tuple[str, str] | None = None  # (K, V) element type names, where a backend reports them
+    # None: the KV can be cut at any position. A number: the model keeps a recurrent state (SSM, convolution, linear
+    # attention) that a prefix hit can only resume where the runner saved one, at block boundaries: the scheduler then
+    # ends prompt chunks on block boundaries at most this many tokens apart, and a prompt's last chunk at its last
+    # full block (see `resumable_prefix`).
+    checkpoint_every: int | None = None
     vision: "VisionEncoder | None" = None  # images in: set at load when the model has a projector (llama.cpp)
     vision_error: str | None = None  # why a model with a projector cannot take images here (e.g. no libmtmd)
     # The most logits rows one step may ask for (`SeqSpan.all_logits` spans count all their rows); None: no limit.
@@ -278,6 +283,12 @@ class Runner(abc.ABC):
 
     def servable_prefix(self, blocks: list[int]) -> int:
         """How many leading blocks of a cached prefix (a hit at admission) this runner can still serve."""
+        return len(blocks)
+
+    def resumable_prefix(self, blocks: list[int]) -> int:
+        """How many leading blocks of a servable cached prefix a new sequence can resume from: all of them where the KV
+        can be cut anywhere; a recurrent model's, up to its last saved state. The rest is recomputed (and stays
+        cached: another prompt may resume further along it)."""
         return len(blocks)
 
     def reset_prefix_cache(self) -> None:
@@ -357,12 +368,16 @@ def load_runner(backend: str, model_path: str, settings: RunnerSettings) -> Runn
         backend = auto_backend(model_path)
     if backend not in _BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
+    from .choice import unsupported
+
+    if (reason := unsupported(backend, model_path)) is not None:  # say which backend runs this architecture
+        raise UnsupportedArchitecture(reason)
     return _BACKENDS[backend]()(model_path, settings)
 
 
 def auto_backend(model_path: str) -> str:
     """Per model: a GGUF on llama.cpp (GPU offload where built for it), an HF folder on torch (CUDA or CPU) or
     MLX on Apple Silicon (backends/choice.py)."""
-    from .choice import choose_backend, model_format, probe_machine
+    from .choice import choose_backend, gguf_architecture, model_format, probe_machine
 
-    return choose_backend(model_format(model_path), probe_machine())
+    return choose_backend(model_format(model_path), probe_machine(), gguf_architecture(model_path))

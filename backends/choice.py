@@ -4,15 +4,66 @@ A GGUF runs on llama.cpp everywhere: llama.cpp knows every architecture a GGUF c
 Vulkan and ROCm kernels are where the model's layers go when the build can offload (the runner decides how
 many). An HF safetensors folder runs on torch CUDA on an NVIDIA GPU, MLX on Apple Silicon, torch on the CPU
 elsewhere (torch picks CUDA itself when it sees a GPU). `choose_backend` is pure; `probe_machine` gathers the facts.
+What each backend runs, architecture by architecture, is declared once here (`BACKEND_ARCHITECTURES`).
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 import platform
+import struct
 from dataclasses import dataclass
 
 GGUF_MAGIC = b"GGUF"
+
+# The architectures (GGUF general.architecture) each backend runs; None = every one its build knows. torch and MLX
+# implement the Llama decoder family themselves (backends/*/models/llama.py); llama.cpp also runs the sliding-window
+# (gemma3, gpt-oss), MoE (qwen3moe, gpt-oss, deepseek2), MLA (deepseek2) and hybrid recurrent (lfm2, qwen35, ...)
+# families, which reach torch and MLX never.
+LLAMA_DECODERS = ("llama", "mistral", "qwen2", "qwen3")  # common.config.SUPPORTED_ARCHITECTURES
+BACKEND_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
+    "llamacpp": None,
+    "torch": LLAMA_DECODERS,
+    "mlx": LLAMA_DECODERS,
+}
+
+
+def runs(backend: str, architecture: str | None) -> bool:
+    """Whether `backend` runs models of `architecture` (an unknown one: left to the loader)."""
+    known = BACKEND_ARCHITECTURES.get(backend)
+    return known is None or architecture is None or architecture in known
+
+
+def backends_for(architecture: str) -> list[str]:
+    return [b for b in BACKEND_ARCHITECTURES if runs(b, architecture)]
+
+
+def gguf_architecture(path: str) -> str | None:
+    """A GGUF file's general.architecture, read from its first metadata key where converters write it (None: not a
+    GGUF, or not found there: the loader then reads the whole header and says what it cannot run)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+            if len(head) < 24 or head[:4] != GGUF_MAGIC or struct.unpack_from("<Q", head, 16)[0] == 0:
+                return None
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n != len(b"general.architecture") or f.read(n) != b"general.architecture":
+                return None
+            kind, size = struct.unpack("<IQ", f.read(12))
+            value = f.read(size) if kind == 8 and size <= 64 else b""  # 8: a string
+    except (OSError, struct.error):
+        return None
+    return value.decode("utf-8", "replace") or None
+
+
+def unsupported(backend: str, model_path: str) -> str | None:
+    """Why `backend` cannot run the model (its architecture and the backends that run it), None when it can."""
+    arch = gguf_architecture(model_path) if BACKEND_ARCHITECTURES.get(backend) is not None else None
+    if runs(backend, arch):
+        return None
+    return (f"{model_path}: the {backend} backend does not run architecture {arch!r} (it runs "
+            f"{', '.join(BACKEND_ARCHITECTURES[backend] or ())}); {arch} runs on: {', '.join(backends_for(arch))} "
+            f"(EVENFLOW_BACKEND=auto picks it for a GGUF)")
 
 
 @dataclass(frozen=True)
@@ -36,9 +87,12 @@ def model_format(path: str) -> str:
         return "unknown"
 
 
-def choose_backend(fmt: str, machine: Machine) -> str:
-    """The backend for a model of format `fmt` on `machine` (the loader then reports what it cannot read)."""
+def choose_backend(fmt: str, machine: Machine, architecture: str | None = None) -> str:
+    """The backend for a model of format `fmt` (and `architecture`, where known) on `machine` (the loader then
+    reports what it cannot read)."""
     if fmt == "gguf" and machine.has_llamacpp:
+        return "llamacpp"
+    if fmt == "gguf" and not runs("torch", architecture):  # only llama.cpp runs it: its loader names what is missing
         return "llamacpp"
     if machine.apple_silicon and machine.has_mlx:
         return "mlx"

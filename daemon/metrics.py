@@ -46,6 +46,8 @@ class Metrics:
                                      "cache", ["model"], registry=r)
         self.cache_fallbacks = Counter("evenflow_prefix_cache_fallback_tokens", "Cached prefix tokens the backend "
                                        "could no longer serve, recomputed instead", ["model"], registry=r)
+        self.cache_rewinds = Counter("evenflow_prefix_cache_rewind_tokens", "Cached prefix tokens past a recurrent "
+                                     "model's last state checkpoint, recomputed instead", ["model"], registry=r)
         self.cache_hit_rate = Gauge("evenflow_prefix_cache_hit_rate", "Prefix cache hit tokens / query tokens "
                                     "since the model loaded", ["model"], registry=r)
         self.draft_tokens = Counter("evenflow_speculative_draft_tokens", "Draft tokens verified (speculative "
@@ -94,6 +96,7 @@ class Metrics:
             if ev.get("draft_tokens"):
                 self.draft_tokens.labels(model).inc(int(ev["draft_tokens"]))
                 self.accepted_tokens.labels(model).inc(int(ev.get("accepted_tokens", 0)))
+            self.cache_rewinds.labels(model).inc(int(ev.get("prefix_rewind_tokens", 0)))
             self.kv_cached.labels(model).set(int(ev.get("kv_cached", 0)))
             self._set_gauges(model, ev.get("running", 0), ev.get("waiting", 0), ev.get("kv_used", 0),
                              ev.get("kv_total", 0))

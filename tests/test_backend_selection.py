@@ -58,3 +58,50 @@ def test_auto_backend_on_this_machine(synthetic_model):
         assert auto_backend(str(paths["gguf"])) == "llamacpp"  # even where torch sees a GPU
     if importlib.util.find_spec("torch"):
         assert auto_backend(str(paths["hf"])) == "torch"
+
+
+# ---- what each backend runs, by architecture (choice.BACKEND_ARCHITECTURES) ----
+
+def test_a_gguf_only_llamacpp_runs_goes_to_llamacpp_even_without_it():
+    from evenflow.backends.choice import BACKEND_ARCHITECTURES, backends_for
+    from evenflow.backends.synthetic.archs import GGUF_ONLY
+
+    only_torch = Machine(apple_silicon=False, has_mlx=False, has_torch=True, has_llamacpp=False)
+    assert choose_backend("gguf", only_torch, "llama") == "torch"  # torch reads a Llama-shaped GGUF itself
+    for arch in GGUF_ONLY:  # ... but not these: llama.cpp's loader then says what is missing
+        assert choose_backend("gguf", only_torch, arch) == "llamacpp"
+        assert choose_backend("gguf", MAC, arch) == "llamacpp"
+        assert backends_for(arch) == ["llamacpp"]
+    assert backends_for("qwen3") == ["llamacpp", "torch", "mlx"]
+    assert BACKEND_ARCHITECTURES["llamacpp"] is None
+
+
+def test_a_forced_backend_that_cannot_run_the_architecture_says_which_can(synthetic_model):
+    from evenflow.backends.base import UnsupportedArchitecture
+    from evenflow.backends.synthetic.archs import GGUF_ONLY
+
+    for arch in GGUF_ONLY:
+        gguf = str(synthetic_model("tiny", arch, formats=("gguf",))["gguf"])
+        if importlib.util.find_spec("llama_cpp"):
+            assert auto_backend(gguf) == "llamacpp"
+        for backend in ("torch", "mlx"):
+            with pytest.raises(UnsupportedArchitecture) as e:
+                load_runner(backend, gguf, RunnerSettings())  # refused before torch or mlx is even imported
+            assert f"does not run architecture {arch!r}" in str(e.value) and f"{arch} runs on: llamacpp" in str(e.value)
+    with pytest.raises(ValueError, match="GGUF only"):  # the factory writes no HF folder the backends could not run
+        synthetic_model("tiny", "gemma3", formats=("hf", "gguf"))
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="torch is not installed")
+def test_the_daemon_forced_to_torch_answers_a_gemma3_request_with_the_reason(tmp_path, synthetic_model):
+    import httpx
+    from api_harness import start_daemon, upload_model
+
+    d = start_daemon(tmp_path, backend="torch")
+    try:
+        upload_model(d.url, synthetic_model("tiny", "gemma3", formats=("gguf",))["gguf"], "g3")
+        r = httpx.post(d.url + "/api/generate", json={"model": "g3", "prompt": "hi", "stream": False}, timeout=120)
+        assert r.status_code == 400, r.text
+        assert "architecture 'gemma3'" in r.json()["error"] and "llamacpp" in r.json()["error"]
+    finally:
+        d.stop()

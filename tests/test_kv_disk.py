@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evenflow.backends.base import RunnerSettings, load_runner
+from evenflow.backends.synthetic.archs import GGUF_ONLY
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
 from evenflow.daemon.engine.disk_prefixes import prompt_keys
 from evenflow.daemon.engine.kv_disk import DiskKVCache
@@ -155,12 +156,18 @@ LAYOUTS = [
     pytest.param(("llamacpp", "gguf", "unified"), id="llamacpp-unified",
                  marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python")),
 ]
+# The factory's GGUF-only architectures, in llama.cpp's default layout for a pool of full windows (streams); a hybrid
+# recurrent and a sliding-window one in the unified layout too (their prefixes carry state checkpoints or windows:
+# recurrent.pack_prefix, window.SlidingWindow.export).
+LAYOUTS += [pytest.param(("llamacpp", "gguf", layout, arch), id=f"llamacpp-{layout}-{arch}",
+                         marks=pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="no llama-cpp-python"))
+            for arch in GGUF_ONLY for layout in (("streams", "unified") if arch in ("lfm2", "gemma3") else ("streams",))]
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
 def runner(request, synthetic_model):
-    backend, fmt, layout = request.param
-    path = synthetic_model("tiny", "llama", formats=(fmt,), gguf_dtype="f32", qk_std=0.3)[fmt]
+    backend, fmt, layout, *arch = request.param
+    path = synthetic_model("tiny", arch[0] if arch else "llama", formats=(fmt,), gguf_dtype="f32", qk_std=0.3)[fmt]
     blocks = 4 * 512 // 16 if layout == "streams" else 96
     r = load_runner(backend, str(path), RunnerSettings(max_num_seqs=4, block_size=16, num_kv_blocks=blocks,
                                                         context_length=512, max_num_batched_tokens=256,

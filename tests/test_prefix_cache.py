@@ -45,6 +45,32 @@ def test_a_finished_prompt_is_reused_and_refcounts_return_to_zero():
     assert all(bm.refcount(i) == 0 for i in range(16)) and bm.num_free == 16
 
 
+def twins_parting(whole_chains: bool) -> tuple[BlockManager, list[int], list[int]]:
+    """Two prompts computed side by side: the same first 8 tokens, then different ones; the one committed last
+    takes the shared keys over (its own chain whole)."""
+    bm = BlockManager(16, 4, whole_chains=whole_chains)
+    a, b = seq_of(list(range(8)) + [50, 51, 52, 53, 0]), seq_of(list(range(8)) + [60, 61, 62, 63, 0])
+    for s in (a, b):
+        assert bm.acquire_prefix(s) == 0
+        bm.allocate(s, 13)
+        s.num_computed = 13
+    bm.commit(a)
+    bm.commit(b)
+    return bm, a.block_table, b.block_table
+
+
+def test_twins_parting_leave_whole_chains():
+    bm, a, b = twins_parting(whole_chains=True)
+    # a's last full block follows blocks that lost their keys to b's twins: no run held together serves it now
+    assert bm.hit_blocks([bm._key[x] for x in b[:3]]) == 3 and bm._key[a[2]] is None
+    assert bm._key[a[0]] is None and bm._key[a[1]] is None
+
+
+def test_twins_parting_in_a_shared_pool_keep_both_continuations():
+    bm, a, b = twins_parting(whole_chains=False)
+    assert bm._key[a[2]] is not None and bm._key[b[2]] is not None and bm.num_cached == 4
+
+
 def test_the_last_token_is_always_recomputed():
     bm = BlockManager(16, 4)
     bm.free(computed(bm, list(range(8))))

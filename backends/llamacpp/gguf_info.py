@@ -62,8 +62,8 @@ def model_info(header: GGUFHeader, vocab_size: int, parameter_count: int) -> Mod
         raise ModelLoadError(f"{header.path}: GGUF has no general.architecture key")
 
     def key(name: str, default: int = 0) -> int:
-        v = md.get(f"{arch}.{name}", default)
-        return int(v[0] if isinstance(v, list) and v else v or default)
+        v = md.get(f"{arch}.{name}", default)  # a per-layer list (hybrid models: 0 on recurrent layers): its largest
+        return int(max(v) if isinstance(v, list) and v else v or default)
 
     heads = key("attention.head_count")
     shown = {k: v for k, v in md.items() if v is not None}
@@ -90,6 +90,23 @@ def key_head_dim(info: ModelInfo, header: GGUFHeader) -> int:
     return int(md.get(f"{info.architecture}.attention.key_length", 0) or (info.embedding_length // max(info.head_count, 1)))
 
 
+def is_mla(header: GGUFHeader) -> bool:
+    """Multi-head latent attention (DeepSeek-V2/V3 and kin): one compressed KV row per token."""
+    arch = header.metadata.get("general.architecture")
+    return f"{arch}.attention.kv_lora_rank" in header.metadata
+
+
 def kv_bytes_per_token(info: ModelInfo, header: GGUFHeader, bytes_per_elem: float = 2) -> int:
-    """Approximate KV-cache bytes per token (K and V, all layers) for sizing the context."""
-    return round(2 * info.block_count * info.head_count_kv * key_head_dim(info, header) * bytes_per_elem)
+    """Approximate KV-cache bytes per token (K and V, all layers) for sizing the context: per layer, as the KV heads
+    count them (a hybrid model's recurrent layers have none: their state is one per sequence, not per token); an MLA
+    model (DeepSeek) keeps one latent row per token, its K, and reads V from it."""
+    md, arch = header.metadata, info.architecture
+    heads = md.get(f"{arch}.attention.head_count_kv")
+    per_layer = [int(h) for h in heads] if isinstance(heads, list) and len(heads) == info.block_count \
+        else [info.head_count_kv] * info.block_count
+    interval = md.get(f"{arch}.full_attention_interval")  # Qwen3.5 / Qwen3-Next: attention every N-th layer only
+    if isinstance(interval, int) and interval > 0:
+        per_layer = [h if (i + 1) % interval == 0 else 0 for i, h in enumerate(per_layer)]
+    k = key_head_dim(info, header)
+    v = 0 if is_mla(header) else int(md.get(f"{arch}.attention.value_length", 0) or k)
+    return round(sum(per_layer) * (k + v) * bytes_per_elem)

@@ -90,6 +90,13 @@ class PrefixCells(BlockCells):
         self.num_slots, self._copy = num_slots, copy
         self._spare = list(range(num_slots + num_holders - 1, num_slots - 1, -1))
         self._holders: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
+        # slot -> first position it writes in the step being set up (cleared once decoded): a block at or past it has
+        # no cells there yet (a recurrent model's sequence resuming short of its hit computes cached blocks again, and
+        # another may share them)
+        self._writing: dict[int, int] = {}
+
+    def new_step(self) -> None:
+        self._writing.clear()
 
     @property
     def num_holders(self) -> int:
@@ -108,14 +115,17 @@ class PrefixCells(BlockCells):
                 self._share(slot, table[: start_pos // self.block_size])
         # a caller without block tables (a test driving the runner directly) gets no prefix cache
         bs = self.block_size
+        self._writing[slot] = start_pos
         for i in range(len(known), min(-(-(start_pos + length) // bs), len(table))):
             self._add(slot, i, table[i])
 
-    def _share(self, slot: int, blocks: list[int]) -> None:
+    def runs(self, blocks: list[int]) -> list[tuple[int, int, int]]:
+        """(sequence, first block, end block) runs a fresh sequence is given `blocks` from, in order."""
         src, run_start = None, 0
         runs: list[tuple[int, int, int]] = []
+        bs = self.block_size
         for i, b in enumerate(blocks):
-            holders = self._where.get(b)
+            holders = {s for s in self._where.get(b, ()) if self._writing.get(s, (i + 1) * bs) >= (i + 1) * bs}
             if not holders or self._index.get(b) != i:
                 raise RuntimeError(f"prefix block {b} (position {i * self.block_size}) is not held in the llama.cpp "
                                    "cache; the engine and the runner disagree")
@@ -125,8 +135,11 @@ class PrefixCells(BlockCells):
                 src, run_start = min(holders), i
         if src is not None:
             runs.append((src, run_start, len(blocks)))
+        return runs
+
+    def _share(self, slot: int, blocks: list[int]) -> None:
         bs = self.block_size
-        for s, i0, i1 in runs:
+        for s, i0, i1 in self.runs(blocks):
             self._copy(s, slot, i0 * bs, i1 * bs)
             if s in self._holders:
                 self._holders.move_to_end(s)
@@ -165,6 +178,9 @@ class PrefixCells(BlockCells):
             if not self._where.get(b) or self._index.get(b) != i:
                 return i
         return len(blocks)
+
+    def is_live(self, slot: int) -> bool:
+        return slot in self._tables
 
     def holder(self, blocks: list[int]) -> int | None:
         """A sequence whose cells hold exactly these blocks from position 0, to export them."""

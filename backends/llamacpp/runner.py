@@ -26,11 +26,13 @@ from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, Run
 from ..common.memory import host_kv_budget, plan_kv
 from . import amx, load_probe, offload
 from .embedder import Embedder
-from .gguf_info import GGUFHeader, key_head_dim, kv_bytes_per_token, model_info, read_header
+from .gguf_info import GGUFHeader, is_mla, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
 from .prefix import PrefixCells
+from .recurrent import RecurrentStates, pack_prefix, unpack_prefix
 from .streams import StreamCells
 from .tokenizer import LlamaCppTokenizer
+from .window import SlidingWindow
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,11 @@ _KV_TYPES = {"auto": "f16", "float16": "f16", "float32": "f32", "bfloat16": "bf1
 MIN_KV_TOKENS = 4096  # ... but never less than this (or one window, if smaller)
 DRAFT_ROWS = 32  # logits rows a step may ask for beyond one per sequence: draft tokens verified (speculative.py)
 PREFIX_HOLDERS = 24  # unified layout: finished sequences whose cells the prefix cache can keep at once
+# ... with a recurrent model, fewer: llama.cpp gives every sequence id a recurrent state's memory, holders included
+RECURRENT_HOLDERS = 8
+# a recurrent model's prompt chunks end on block boundaries at most this many tokens apart (its checkpoints: a prefix
+# hit resumes from the last one before it; llama.cpp runs a step in micro-batches of 512 tokens anyway)
+CHECKPOINT_EVERY = 512
 KV_ENV = "EVENFLOW_LLAMACPP_KV"
 KV_LAYOUTS = ("auto", "streams", "unified")
 
@@ -151,7 +158,7 @@ class LlamaCppRunner(Runner):
     def _kv_bytes(self, header: GGUFHeader, settings: RunnerSettings) -> float:
         """KV bytes per token (all layers) at the types `_kv_types` will pick, before the model loads."""
         info = model_info(header, 0, 0)
-        elem = sum(_GGML_TYPES[t][1] for t in self._kv_types(settings, key_head_dim(info, header))) / 2
+        elem = sum(_GGML_TYPES[t][1] for t in self._kv_types(settings, key_head_dim(info, header), is_mla(header))) / 2
         return kv_bytes_per_token(info, header, elem)
 
     def _load_model(self, settings: RunnerSettings):
@@ -183,22 +190,23 @@ class LlamaCppRunner(Runner):
         self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
         # per-sequence window: num_ctx when given (even above the trained one, as Ollama allows), else trained
         self.context_length = settings.context_length or self.info.context_length
-        self.kv_types = self._kv_types(settings, head_dim)  # (K, V) type names
+        self.kv_types = self._kv_types(settings, head_dim, is_mla(header))  # (K, V) type names
         elem = sum(_GGML_TYPES[t][1] for t in self.kv_types) / 2  # a quantized K (and V) leaves room for more
         n_ctx, self.max_num_seqs = plan_kv_tokens(settings, self.context_length,
                                                   kv_bytes_per_token(self.info, header, elem),
                                                   self.placement.budget_bytes, self.placement.dedicated_pool)
         self.kv_layout = self._choose_layout(n_ctx, settings.kv_layout)
         self.shared_kv = self.kv_layout == "unified"
+        recurrent = bool(L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
         # unified: spare sequence ids hold finished sequences' cells for the prefix cache (one per cached
         # conversation); an id costs no KV memory, but llama.cpp sizes its logits buffer by n_seq_max rows.
         # streams: a finished sequence's cells stay in its own stream instead.
-        self._holder_ids = (min(PREFIX_HOLDERS, int(L.llama_max_parallel_sequences()) - self.max_num_seqs)
-                            if self.shared_kv else 0)
+        self._holder_ids = (min(RECURRENT_HOLDERS if recurrent else PREFIX_HOLDERS,
+                                int(L.llama_max_parallel_sequences()) - self.max_num_seqs) if self.shared_kv else 0)
         # Rejected draft tokens are taken back with llama_memory_seq_rm: not possible for a recurrent state, nor for a
         # sliding-window cache that keeps only the window (it drops the cells a draft slid past; ours keeps them all,
         # swa_full, the default), so no speculative decoding there.
-        self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+        self.can_rollback = not recurrent
         self._ctx = self._new_context(n_ctx, settings)
         self.can_rollback = self.can_rollback and (self._swa_full or L.llama_model_n_swa(self._model) == 0)
         self.max_logits_rows = self.max_num_seqs + self._holder_ids + (DRAFT_ROWS if self.can_rollback else 0)
@@ -208,14 +216,21 @@ class LlamaCppRunner(Runner):
         # what one sequence can hold: its own stream (n_ctx / sequences), or the whole unified cache
         self._seq_tokens = min(int(L.llama_n_ctx_seq(self._ctx)), self.num_kv_blocks * self.block_size)
         self._mem = L.llama_get_memory(self._ctx)
-        remove = lambda seq, p0, p1: L.llama_memory_seq_rm(self._mem, seq, p0, p1)  # noqa: E731
+        # a hybrid model's recurrent states: saved at block boundaries, a prefix hit resumes from one (recurrent.py)
+        self._states = RecurrentStates(self._ctx, self.block_size, self.max_num_seqs, 0) if recurrent else None
+        self.checkpoint_every = CHECKPOINT_EVERY if recurrent else None
+        # a sliding-window model: where a hit can resume, and windows saved with a prefix on disk (window.py)
+        n_swa = int(L.llama_model_n_swa(self._model))
+        self._window = SlidingWindow(self._ctx, n_swa, self.block_size, self.shared_kv) \
+            if n_swa > 0 and not recurrent else None
+        remove = self._remove
         self._cells: PrefixCells | StreamCells
         if self.shared_kv:
-            self._cells = PrefixCells(self.max_num_seqs, self._holder_ids, self.block_size, remove,
-                                      lambda src, dst, p0, p1: L.llama_memory_seq_cp(self._mem, src, dst, p0, p1))
+            self._cells = PrefixCells(self.max_num_seqs, self._holder_ids, self.block_size, remove, self._copy)
         else:  # llama.cpp copies across streams whole; the stream's cells beyond the prefix are removed after
-            self._cells = StreamCells(self.max_num_seqs, self.block_size, remove,
-                                      lambda src, dst: L.llama_memory_seq_cp(self._mem, src, dst, -1, -1))
+            self._cells = StreamCells(self.max_num_seqs, self.block_size, remove, self._copy)
+        if self._window is not None:
+            self._window.attach(self._cells)
         # llama.cpp clamps n_batch to n_ctx: a step can never carry more tokens than that
         self._alloc_batch(int(L.llama_n_batch(self._ctx)))
         self.max_batch_tokens = self._cap
@@ -234,6 +249,23 @@ class LlamaCppRunner(Runner):
     @property
     def max_seq_tokens(self) -> int:
         return self._seq_tokens
+    def _remove(self, seq: int, p0: int, p1: int) -> bool:
+        """Remove positions [p0, p1) of `seq`'s cells; a recurrent state goes first where only part of them do (llama.cpp
+        refuses to cut a sequence that has one, and it would be stale anyway)."""
+        if self._states is not None and (p0 > 0 or p1 >= 0):
+            self._states.clear(seq)
+        if self._window is not None:
+            self._window.removed(seq, p0)
+        if L.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            return True
+        log.error("llama.cpp refused to remove positions [%d, %d) of sequence %d", p0, p1, seq)
+        return False
+
+    def _copy(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """dst's cells (positions [p0, p1) of them; -1: all) become src's; across streams llama.cpp copies them whole."""
+        if self._window is not None:
+            self._window.copied(src, dst, p1)
+        L.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def _choose_layout(self, n_ctx: int, setting: str | None) -> str:
         """streams when the pool gives every slot a full window (each stream is one), else unified."""
@@ -252,7 +284,7 @@ class LlamaCppRunner(Runner):
                          self.max_num_seqs, self.context_length)
         return mode
 
-    def _kv_types(self, settings: RunnerSettings, head_dim: int) -> tuple[str, str]:
+    def _kv_types(self, settings: RunnerSettings, head_dim: int, mla: bool = False) -> tuple[str, str]:
         """(K, V) types: `dtype`'s, or kv_cache_type's for K always and for V with flash attention on
         (llama.cpp refuses a quantized V without it).
 
@@ -262,14 +294,19 @@ class LlamaCppRunner(Runner):
         (about half the bytes) made a 4-token chunk at 8k context 15-31% cheaper and at 16k 39% cheaper
         (docs/bench/attn_depth_kv.md), which is what lets a chunk ride with the decodes under the latency target.
         The logits move a little (the test bounds it at 5% of their spread). A GPU build keeps f16, as Ollama
-        does everywhere."""
+        does everywhere. An MLA model (DeepSeek) reads V out of its K rows, so llama.cpp wants one type for both:
+        auto keeps it unquantized there unless flash attention is on."""
         base, quant = _KV_TYPES[settings.dtype], settings.kv_cache_type
+        fa_on = self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"]
         if quant == "auto":
             cpu = self._cpu_only()
-            quant = "q8_0" if cpu and settings.dtype == "auto" and head_dim % 32 == 0 else "f16"
+            quant = "q8_0" if cpu and settings.dtype == "auto" and head_dim % 32 == 0 and (fa_on or not mla) else "f16"
         if quant == "f16":
             return base, base
-        return quant, quant if self._flash_attn_type(settings.flash_attention) == _FLASH_ATTN["on"] else base
+        if mla and not fa_on:
+            raise ModelLoadError(f"{self.path}: a {quant} KV cache for this MLA model (K and V share one type) needs "
+                                 "flash attention on (OLLAMA_FLASH_ATTENTION=1), or use f16")
+        return quant, quant if fa_on else base
 
     def _cpu_only(self) -> bool:
         """No layer on a GPU: the placement's word once made (num_gpu 0 on a GPU build too), else the build's."""
@@ -348,7 +385,9 @@ class LlamaCppRunner(Runner):
                 raise ValueError(f"bad span: slot {s.slot} (allowed [0, {self.max_num_seqs})), length {s.length} (>= 1)")
         if (rows := sum(s.num_logits for s in spans)) > self.max_logits_rows:
             raise ValueError(f"a step asking for {rows} logits rows; this context holds {self.max_logits_rows}")
+        fresh = [s.start_pos == 0 or not self._cells.is_live(s.slot) for s in spans]
         if self.shared_kv:
+            self._cells.new_step()
             for s in spans:  # a fresh slot: clear it, and share its cached prefix from the sequence holding it
                 self._cells.begin(s.slot, s.start_pos, s.length, s.block_table)
             seqs = [s.slot for s in spans]
@@ -356,6 +395,13 @@ class LlamaCppRunner(Runner):
         else:
             seqs = self._cells.place((s.slot, s.start_pos, s.length, s.block_table) for s in spans)
             order = micro_batch_order(spans, seqs)
+        if self._states is not None:  # a sequence starting on a cached prefix resumes from its checkpoint
+            self._states.resume(self._mem, spans, seqs)
+        if self._window is not None:  # ... or, on a window model, from the window before it (window.py)
+            for seq, new in zip(seqs, fresh):
+                if new:
+                    self._window.started(seq)
+            self._window.resume(spans, seqs)
         tok = np.asarray(batch.token_ids, dtype=np.int32)
         pos = np.asarray(batch.positions, dtype=np.int32)
         row_of: dict[int, int] = {}  # span index -> its first row in `result`
@@ -370,6 +416,12 @@ class LlamaCppRunner(Runner):
             decode_with_embeddings(self, order, spans, seqs, tok, pos, result, row_of, batch)
         else:
             self.decode_spans(order, spans, seqs, tok, pos, result, row_of, batch)
+        if self.shared_kv:  # the step's cells are written: a hit admitted before the next step may share them
+            self._cells.new_step()
+        if self._states is not None:
+            self._states.after_step(spans, seqs)
+        if self._window is not None:
+            self._window.after_step(spans, seqs)
         return result
 
     def decode_spans(self, order: list[int], spans: list, seqs: list[int], tok: np.ndarray, pos: np.ndarray,
@@ -432,6 +484,11 @@ class LlamaCppRunner(Runner):
         if not 0 <= slot < self.max_num_seqs:
             raise ValueError(f"slot {slot} outside [0, {self.max_num_seqs})")
         if self._ctx is not None:
+            if self._states is not None:  # kept cells hold no recurrent state: checkpoints are what hits resume from
+                seq = slot if self.shared_kv else self._cells.stream_of(slot)
+                if seq is not None:
+                    self._states.clear(seq)
+                self._states.release(slot)
             self._cells.free(slot)
 
     def rollback(self, slot: int, num_tokens: int) -> None:
@@ -444,6 +501,10 @@ class LlamaCppRunner(Runner):
         """Remove the cells of blocks the engine will not read again (freed uncached, or evicted)."""
         if self._ctx is not None:
             self._cells.drop_blocks(blocks)
+            if self._states is not None:
+                self._states.drop(blocks)
+            if self._window is not None:
+                self._window.drop(blocks)
 
     def take_uncached(self) -> list[int]:
         """Blocks whose cells went (a dropped holder, a parked stream taken over): no longer cached."""
@@ -453,23 +514,49 @@ class LlamaCppRunner(Runner):
         """How many leading blocks of a cached prefix this runner can hand a new sequence."""
         return self._cells.servable(blocks) if self._ctx is not None else 0
 
+    def resumable_prefix(self, blocks: list[int]) -> int:
+        """A recurrent model resumes a prefix only where a checkpoint of its state was saved; a window model where the
+        cells serving it hold the window before its end, or a checkpoint does."""
+        if self._states is not None:
+            return self._states.resumable(blocks)
+        if self._window is None or not blocks or self._ctx is None:
+            return len(blocks)
+        return self._window.resumable(blocks)
+
     def reset_prefix_cache(self) -> None:
         if self._ctx is not None:
             self._cells.reset()
+            if self._states is not None:
+                self._states.reset()
+            if self._window is not None:
+                self._window.reset()
 
     def kv_signature(self) -> dict:
-        return {"backend": self.backend, "block_size": self.block_size, "kv_types": list(self.kv_types),
-                "kv_layout": self.kv_layout, "flash_attn": self._flash_attn, "llama_cpp": llama_cpp.__version__}
+        sig = {"backend": self.backend, "block_size": self.block_size, "kv_types": list(self.kv_types),
+               "kv_layout": self.kv_layout, "flash_attn": self._flash_attn, "llama_cpp": llama_cpp.__version__}
+        if self._states is not None:  # the payload carries checkpoints too (recurrent.pack_prefix)
+            sig["recurrent_states"] = 1
+        if self._window is not None:  # ... or windows (window.SlidingWindow.export)
+            sig["sliding_window"] = self._window.n_swa
+        return sig
 
     def export_prefix(self, blocks: list[int]) -> bytes | None:
         """llama.cpp's state of the sequence whose cells hold the prefix (cells past it go at import)."""
         seq = self._cells.holder(blocks) if self._ctx is not None and blocks else None
         if seq is None:
             return None
+        if self._window is not None:
+            return self._window.export(seq, blocks)
         size = L.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         got = L.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return ctypes.string_at(buf, got) if got else None
+        if not got:
+            return None
+        data = ctypes.string_at(buf, got)
+        if self._states is None:
+            return data
+        points = self._states.along(blocks)  # without one, a restore would recompute the whole prefix anyway
+        return pack_prefix(data, points) if points else None
 
     def import_prefix(self, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
         """Into a free stream (or holder id), trimmed to the prefix; parked there as a finished sequence's cells."""
@@ -478,15 +565,36 @@ class LlamaCppRunner(Runner):
             return False
         L.llama_memory_seq_rm(self._mem, seq, -1, -1)
         n = len(blocks) * self.block_size
+        if self._window is not None:
+            return self._import_windowed(seq, blocks, data, stored_blocks)
+        points: list[tuple[int, bytes]] = []
+        if self._states is not None:
+            parts = unpack_prefix(data)
+            data, points = parts if parts is not None else (b"", [])
         src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data(self._ctx, src, len(data), seq):
-            L.llama_memory_seq_rm(self._mem, seq, n, -1)
-            if L.llama_memory_seq_pos_min(self._mem, seq) == 0 and L.llama_memory_seq_pos_max(self._mem, seq) == n - 1:
+        if data and L.llama_state_seq_set_data(self._ctx, src, len(data), seq) and self._remove(seq, n, -1):
+            if L.llama_memory_seq_pos_min(self._mem, seq) == 0 and (
+                    self._states is not None  # held cells keep no recurrent state: a hybrid's pos_max says -1
+                    or L.llama_memory_seq_pos_max(self._mem, seq) == n - 1):
+                for i, state in points:  # the checkpoints come back as such
+                    if i < len(blocks):
+                        self._states.put(blocks[i], state)
                 self._cells.adopt(seq, blocks)
                 return True
         log.warning("llama.cpp did not take a saved prefix of %d tokens back%s", n,
                     ": " + e if (e := take_recent_errors()) else "")
         L.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._cells.release(seq)
+        return False
+
+    def _import_windowed(self, seq: int, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
+        """A window model's saved prefix into the empty `seq`: its windows become checkpoints (window.py)."""
+        if self._window.restore(seq, data, blocks, stored_blocks):
+            self._cells.adopt(seq, blocks)
+            return True
+        log.warning("llama.cpp did not take a saved prefix of %d tokens back%s", len(blocks) * self.block_size,
+                    ": " + e if (e := take_recent_errors()) else " (no window to resume from)")
+        self._remove(seq, -1, -1)
         self._cells.release(seq)
         return False
 

@@ -25,6 +25,9 @@ class StreamCells(BlockCells):
     def __init__(self, num_streams: int, block_size: int, remove: RemoveFn, copy: StreamCopyFn) -> None:
         super().__init__(block_size, remove)
         self.num_streams, self._copy = num_streams, copy
+        # a window model's test of whether a stream holds the attention window before a position (window.py): a hit
+        # is served from such a stream first
+        self.covers: Callable[[int, int], bool] | None = None
         self._stream: dict[int, int] = {}  # live slot -> its stream
         self._slot: dict[int, int] = {}  # live stream -> its slot
         self._parked: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
@@ -53,14 +56,15 @@ class StreamCells(BlockCells):
         later: list[int] = []
         for i in sorted(fresh, key=lambda j: -len(hits[j])):
             parked = [s for s in self._holders(hits[i]) if s in self._parked] if hits[i] else []
-            if parked:
-                self._bind(spans[i][0], parked[0])
-                self._truncate(parked[0], len(hits[i]))
+            if parked:  # one holding the window before the hit, then the one whose takeover drops the fewest blocks
+                s = min(parked, key=lambda p: (self._lacks_window(p, len(hits[i])), len(self._tables[p])))
+                self._bind(spans[i][0], s)
+                self._truncate(s, len(hits[i]))
             else:
                 later.append(i)
         for i in later:
             slot, hit = spans[i][0], hits[i]
-            src = min(self._holders(hit), default=None) if hit else None
+            src = min(self._holders(hit), key=lambda p: self._lacks_window(p, len(hit)), default=None)
             if hit and src is None:
                 raise RuntimeError(f"prefix of {len(hit)} blocks is not held in any llama.cpp stream; the engine and "
                                    "the runner disagree")
@@ -91,6 +95,17 @@ class StreamCells(BlockCells):
                 n += 1
             best = max(best, n)
         return best
+
+    def _lacks_window(self, stream: int, n_blocks: int) -> bool:
+        """A window model's stream that does not hold the window before its first n_blocks (window.py)."""
+        return self.covers is not None and not self.covers(stream, n_blocks * self.block_size)
+
+    def serving(self, blocks: list[int]) -> list[int]:
+        """The streams a fresh sequence could be given these blocks from."""
+        return self._holders(blocks)
+
+    def is_live(self, slot: int) -> bool:
+        return slot in self._stream
 
     def holder(self, blocks: list[int]) -> int | None:
         """A stream whose cells hold exactly these blocks from position 0 (a parked one first), to export them."""

@@ -1,4 +1,6 @@
-"""CLI: python -m evenflow.backends.synthetic --preset tiny --arch qwen2 --out DIR [--gguf q8_0] [--hf]."""
+"""CLI: python -m evenflow.backends.synthetic --preset tiny --arch qwen2 --out DIR [--gguf q8_0] [--hf].
+
+The GGUF-only architectures (gemma3, gpt-oss, qwen3moe, lfm2, qwen35, deepseek2) are written as GGUF alone."""
 from __future__ import annotations
 
 import argparse
@@ -37,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides["tie_word_embeddings"] = True
     if args.llama3_rope:
         overrides["rope_scaling"] = dict(LLAMA3_ROPE_SCALING)
-    formats = [f for f, on in (("hf", args.hf), ("gguf", args.gguf is not None)) if on] or ["hf", "gguf"]
+    from .archs import GGUF_ONLY
+
+    default = ["gguf"] if args.arch in GGUF_ONLY else ["hf", "gguf"]  # llama.cpp alone runs those: no HF folder
+    formats = [f for f, on in (("hf", args.hf), ("gguf", args.gguf is not None)) if on] or default
     try:
         spec = make_spec(args.preset, **overrides)
         paths = make_model(spec, args.out, formats=formats, gguf_dtype=args.gguf or "f32")

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from .archs import GGUF_ONLY
 from .gguf_writer import GGUF_DTYPES, write_gguf
 from .hf import write_hf
 from .spec import ModelSpec, make_spec, spec_hash
@@ -24,11 +25,14 @@ def _as_spec(spec_or_preset: ModelSpec | str) -> ModelSpec:
     return make_spec(spec_or_preset) if isinstance(spec_or_preset, str) else spec_or_preset
 
 
-def _check(formats: Iterable[str], gguf_dtype: str) -> tuple[str, ...]:
+def _check(spec: ModelSpec, formats: Iterable[str], gguf_dtype: str) -> tuple[str, ...]:
     formats = tuple(formats)
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise ValueError(f"formats {formats!r} invalid; allowed: a non-empty subset of {FORMATS}")
+    if "hf" in formats and spec.architecture in GGUF_ONLY:
+        raise ValueError(f"architecture {spec.architecture!r} is written as GGUF only (llama.cpp runs it; the torch "
+                         "and MLX backends do not): ask for formats=('gguf',)")
     if gguf_dtype not in GGUF_DTYPES:
         raise ValueError(f"gguf_dtype {gguf_dtype!r} is not supported; allowed: {', '.join(GGUF_DTYPES)}")
     return formats
@@ -42,9 +46,9 @@ def make_model(spec_or_preset: ModelSpec | str, out_dir: str | Path, formats: It
                gguf_dtype: str = "f32") -> dict[str, Path]:
     """Write the requested formats under out_dir: {"hf": out_dir/hf, "gguf": out_dir/<name>-<dtype>.gguf}."""
     spec = _as_spec(spec_or_preset)
-    formats = _check(formats, gguf_dtype)
+    formats = _check(spec, formats, gguf_dtype)
     out = Path(out_dir)
-    weights = build_weights(spec)
+    weights = None if spec.architecture in GGUF_ONLY else build_weights(spec)
     paths: dict[str, Path] = {}
     if "hf" in formats:
         paths["hf"] = write_hf(spec, out / "hf", weights=weights)
@@ -57,7 +61,7 @@ def cached_model(preset_or_spec: ModelSpec | str = "tiny", formats: Iterable[str
                  gguf_dtype: str = "f32") -> dict[str, Path]:
     """Like make_model, but each artifact is written once under cache_dir()/models/<spec hash>, atomically."""
     spec = _as_spec(preset_or_spec)
-    formats = _check(formats, gguf_dtype)
+    formats = _check(spec, formats, gguf_dtype)
     entry = cache_dir() / "models" / spec_hash(spec)[:20]
     entry.mkdir(parents=True, exist_ok=True)
     spec_file = entry / "spec.json"
@@ -66,7 +70,7 @@ def cached_model(preset_or_spec: ModelSpec | str = "tiny", formats: Iterable[str
     paths = {"hf": entry / "hf", "gguf": entry / gguf_filename(spec, gguf_dtype)}
     missing = [f for f in formats if not paths[f].exists()]
     if missing:
-        weights = build_weights(spec)
+        weights = None if spec.architecture in GGUF_ONLY else build_weights(spec)
         if "hf" in missing:
             tmp = Path(tempfile.mkdtemp(dir=entry, prefix=".hf-"))
             try:

@@ -6,9 +6,11 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
+from .archs import GGUF_ONLY
 from .spec import ModelSpec, spec_hash
 from .tokenizer import Vocab, gguf_vocab_fields, vocab_for
 from .weights import build_weights, is_norm, llama3_rope_factors, permute_qk
@@ -63,12 +65,17 @@ def gguf_tensors(spec: ModelSpec, weights: dict[str, np.ndarray]) -> dict[str, n
     return out
 
 
+# kept F32 whatever the file's type, as llama.cpp's converter does: routers and convolution kernels
+_F32_WEIGHTS = ("ffn_gate_inp.weight", "ssm_conv1d.weight", "shortconv.conv.weight")
+
+
 def _encode(name: str, w: np.ndarray, dtype: str):
-    """(data, raw_dtype) for one tensor: 1-D tensors and norms stay F32, as llama.cpp's converter does."""
+    """(data, raw_dtype) for one tensor: 1-D tensors, norms, biases, routers and convolutions stay F32, as llama.cpp's
+    converter does."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    if dtype == "f32" or w.ndim == 1 or is_norm(name):
+    if dtype == "f32" or w.ndim == 1 or is_norm(name) or not name.endswith(".weight") or name.endswith(_F32_WEIGHTS):
         return np.ascontiguousarray(w, dtype=np.float32), None
     if dtype == "f16":
         return np.ascontiguousarray(w, dtype=np.float16), None
@@ -113,6 +120,33 @@ def _add_vocab(writer, spec: ModelSpec, vocab: Vocab) -> None:
 def write_gguf(spec: ModelSpec, path: str | Path, dtype: str = "f32",
                weights: dict[str, np.ndarray] | None = None) -> Path:
     """Write one GGUF file (atomically: temp file + rename) in f32, f16 or q8_0."""
+    if spec.architecture in GGUF_ONLY:  # llama.cpp's own layouts (archs.py): no HF weights to start from
+        from .arch_writer import arch_tensors, write_arch_hparams
+
+        return write_file(spec, path, dtype, arch_tensors(spec), write_arch_hparams)
+    if weights is None:
+        weights = build_weights(spec)
+    return write_file(spec, path, dtype, gguf_tensors(spec, weights), _llama_hparams)
+
+
+def _llama_hparams(writer, spec: ModelSpec) -> None:
+    """The hyperparameters of the Llama-shaped architectures (llama, mistral, qwen2, qwen3)."""
+    writer.add_context_length(spec.max_position_embeddings)
+    writer.add_embedding_length(spec.hidden_size)
+    writer.add_block_count(spec.num_hidden_layers)
+    writer.add_feed_forward_length(spec.intermediate_size)
+    writer.add_head_count(spec.num_attention_heads)
+    writer.add_head_count_kv(spec.num_key_value_heads)
+    writer.add_key_length(spec.resolved_head_dim)
+    writer.add_value_length(spec.resolved_head_dim)
+    writer.add_rope_dimension_count(spec.resolved_head_dim)
+    writer.add_rope_freq_base(spec.rope_theta)
+    writer.add_layer_norm_rms_eps(spec.rms_norm_eps)
+
+
+def write_file(spec: ModelSpec, path: str | Path, dtype: str, tensors: dict[str, np.ndarray],
+               hparams: Callable[[Any, ModelSpec], None]) -> Path:
+    """The GGUF file of a spec: general and evenflow keys, `hparams(writer, spec)`, the vocab, the tensors."""
     from gguf import GGUFWriter, LlamaFileType
 
     if dtype not in GGUF_DTYPES:
@@ -122,8 +156,6 @@ def write_gguf(spec: ModelSpec, path: str | Path, dtype: str = "f32",
     vocab = vocab_for(spec)
     if len(vocab.tokens) != spec.vocab_size:
         raise ValueError(f"vocab has {len(vocab.tokens)} tokens but spec.vocab_size={spec.vocab_size}")
-    if weights is None:
-        weights = build_weights(spec)
     arch = spec.gguf_architecture
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -136,24 +168,14 @@ def write_gguf(spec: ModelSpec, path: str | Path, dtype: str = "f32",
                               "q8_0": LlamaFileType.MOSTLY_Q8_0}[dtype])
         writer.add_quantization_version(2)
         writer.add_vocab_size(spec.vocab_size)
-        writer.add_context_length(spec.max_position_embeddings)
-        writer.add_embedding_length(spec.hidden_size)
-        writer.add_block_count(spec.num_hidden_layers)
-        writer.add_feed_forward_length(spec.intermediate_size)
-        writer.add_head_count(spec.num_attention_heads)
-        writer.add_head_count_kv(spec.num_key_value_heads)
-        writer.add_key_length(spec.resolved_head_dim)
-        writer.add_value_length(spec.resolved_head_dim)
-        writer.add_rope_dimension_count(spec.resolved_head_dim)
-        writer.add_rope_freq_base(spec.rope_theta)
-        writer.add_layer_norm_rms_eps(spec.rms_norm_eps)
+        hparams(writer, spec)
         writer.add_bool("evenflow.synthetic", True)
         writer.add_string("evenflow.source_architecture", spec.architecture)
         writer.add_string("evenflow.spec_hash", spec_hash(spec))
         writer.add_uint64("evenflow.parameter_count", spec.parameter_count())
         writer.add_uint64("evenflow.seed", spec.seed)
         _add_vocab(writer, spec, vocab)
-        for name, w in gguf_tensors(spec, weights).items():
+        for name, w in tensors.items():
             data, raw_dtype = _encode(name, w, dtype)
             writer.add_tensor(name, data, raw_dtype=raw_dtype)
         writer.write_header_to_file()

@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .archs import ARCHS_VERSION, GGUF_ONLY, parameter_count as _arch_parameter_count, resolve_options
+
 log = logging.getLogger(__name__)
 
 # Bump when the bytes written for an unchanged spec change (weights layout, tokenizer, metadata):
 # it invalidates every cached model.
 FACTORY_VERSION = 2
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+HF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # written as HF folders and GGUF files, same weights
+ARCHITECTURES = HF_ARCHITECTURES + GGUF_ONLY  # GGUF_ONLY: llama.cpp runs them alone (archs.py)
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,15 @@ class ModelSpec:
     # move the logits; ~0.3 makes attention sharp, for correctness tests that must notice such bugs.
     qk_std: float = 0.02
     name: str = "evenflow-synthetic"
+    # the GGUF-only architectures' own shape (window, experts, ranks, recurrent widths): archs.py's defaults with
+    # what is given over them; None for the others
+    arch_options: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_attention_heads, 1))
+        if self.architecture in ARCHITECTURES:
+            object.__setattr__(self, "arch_options", resolve_options(self.architecture, self.arch_options))
         validate(self)
 
     @property
@@ -64,6 +72,8 @@ class ModelSpec:
 
     def parameter_count(self) -> int:
         """Number of weights (biases and norms included, rope_freqs excluded)."""
+        if self.architecture in GGUF_ONLY:
+            return _arch_parameter_count(self)
         h, i, hd = self.hidden_size, self.intermediate_size, self.resolved_head_dim
         q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
         layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
@@ -144,6 +154,8 @@ def make_spec(preset: str = "tiny", **overrides: Any) -> ModelSpec:
         fields["name"] = f"evenflow-synthetic-{preset}-{fields.get('architecture', 'llama')}{suffix}"
     if isinstance(fields.get("rope_scaling"), dict):
         fields["rope_scaling"] = dict(fields["rope_scaling"])  # never alias a caller's (or a constant's) dict
+    if isinstance(fields.get("arch_options"), dict):
+        fields["arch_options"] = dict(fields["arch_options"])
     if "head_dim" not in overrides:
         fields["head_dim"] = None
     return ModelSpec(**fields)
@@ -152,6 +164,10 @@ def make_spec(preset: str = "tiny", **overrides: Any) -> ModelSpec:
 def spec_hash(spec: ModelSpec) -> str:
     """Stable hex digest of everything that determines the files (spec, factory version, vocab bytes)."""
     payload = spec.to_dict()
+    if payload["arch_options"] is None:  # the HF-and-GGUF architectures keep the hashes they had
+        del payload["arch_options"]
+    else:
+        payload["_archs_version"] = ARCHS_VERSION
     payload["_factory_version"] = FACTORY_VERSION
     if spec.vocab is not None:
         payload["vocab"] = file_sha256(spec.vocab)

@@ -17,17 +17,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .arch_families import FAMILIES as ARCH_FAMILIES
+from .family import LLAMA3_PATTERN, QWEN2_PATTERN, Family
+
 log = logging.getLogger(__name__)
 
 TOKENIZER_VERSION = 1
 
 # Token types as GGUF stores them (llama.cpp's llama_token_type).
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 3, 4, 5, 6
-
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}"
@@ -103,26 +101,6 @@ MISTRAL_TEMPLATE = (
 )
 
 
-@dataclass(frozen=True)
-class Family:
-    """Special tokens, pre-tokenizer and chat template shared by the architectures of one model family."""
-
-    specials: tuple[str, ...]  # control tokens
-    user_defined: tuple[str, ...]  # added non-special tokens (always parsed, rendered in output)
-    specials_first: bool  # Mistral puts specials at ids 0..; Llama 3 / Qwen append them after the BPE vocab
-    bos: str | None
-    eos: str
-    eot: str | None
-    pad: str | None
-    unk: str | None
-    stop: tuple[str, ...]  # every end-of-generation token
-    add_bos: bool
-    pre: str  # tokenizer.ggml.pre
-    pattern: str
-    ignore_merges: bool  # llama.cpp's llama-bpe takes a whole word that is in the vocab as one token
-    chat_template: str
-
-
 LLAMA3 = Family(("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                  "<|finetune_right_pad_id|>"), (), False, "<|begin_of_text|>", "<|eot_id|>", "<|eot_id|>",
                 "<|finetune_right_pad_id|>", None, ("<|end_of_text|>", "<|eot_id|>"), True, "llama-bpe",
@@ -139,16 +117,19 @@ MISTRAL = Family(("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), (), True, "<s>",
 
 
 def family_for(architecture: str) -> Family:
-    """The tokenizer family of an architecture (llama, mistral, qwen2, qwen3)."""
+    """The tokenizer family of an architecture."""
     if architecture == "llama":
         return LLAMA3
     if architecture == "mistral":
         return MISTRAL
     if architecture == "qwen2":
         return CHATML
-    if architecture == "qwen3":
+    if architecture in ("qwen3", "qwen3moe", "qwen35"):  # Qwen3's MoE and Qwen3.5 share its tokens and template
         return QWEN3
-    raise ValueError(f"architecture {architecture!r} has no tokenizer family; allowed: llama, mistral, qwen2, qwen3")
+    if architecture in ARCH_FAMILIES:  # the other GGUF-only architectures' (archs.py)
+        return ARCH_FAMILIES[architecture]
+    raise ValueError(f"architecture {architecture!r} has no tokenizer family; allowed: llama, mistral, qwen2, qwen3, "
+                     f"qwen3moe, qwen35, {', '.join(ARCH_FAMILIES)}")
 
 
 # Pure-Python stdlib modules present on CPython 3.10-3.13; their sources are the training corpus.

@@ -60,6 +60,8 @@ class EngineStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     kv_blocks_cached_free: int = 0  # blocks nobody holds that keep a cached prefix (evicted before anyone waits)
+    # cached prefix tokens past a recurrent model's last state checkpoint (recomputed), since load
+    prefix_rewind_tokens: int = 0
 
     @property
     def cache_hit_rate(self) -> float:

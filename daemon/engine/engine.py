@@ -73,7 +73,8 @@ class Engine:
         # block pool mirrors the cache through the hooks of backends/base.Runner (drop_blocks, take_uncached, ...).
         caching = self.config.prefix_caching and runner.prefix_caching
         self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, prefix_caching=caching,
-                                   servable=runner.servable_prefix)
+                                   servable=runner.servable_prefix, resumable=runner.resumable_prefix,
+                                   rewind_in_place=not runner.shared_kv, whole_chains=not runner.shared_kv)
         runner.reset_prefix_cache()  # a new engine knows nothing the runner may still hold
         self.cache_hit_tokens = 0
         self.cache_query_tokens = 0
@@ -90,7 +91,8 @@ class Engine:
         self._accepted = 0  # draft tokens kept this step
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.prefill_mode, max_seqs, self.config.max_prefill_chunk,
-                            runner.max_batch_tokens, runner.shared_kv),
+                            runner.max_batch_tokens, runner.shared_kv,
+                            runner.checkpoint_every if caching else None),
             self.blocks, self.policy,
             on_release=self._release_slot)
         # One sequence's limit: what the runner's KV can give it (a llama.cpp stream, a paged pool) and the trained
@@ -238,7 +240,7 @@ class Engine:
                            self.blocks.num_blocks, self.steps, self.block_size, self.blocks.num_cached,
                            self.cache_hit_tokens, self.cache_query_tokens, self.blocks.fallback_tokens,
                            self.decode_passes, spec.drafted if spec else 0, spec.accepted if spec else 0,
-                           self.blocks.num_cached_free)
+                           self.blocks.num_cached_free, self.blocks.rewind_tokens)
 
     def run_once(self) -> bool:
         """Handle queued calls and run one step in the caller's thread (tests, benchmarks; no loop thread).
@@ -620,6 +622,7 @@ class Engine:
             "cached_tokens": plan.cache_hit_tokens, "admitted_tokens": plan.cache_query_tokens,
             "kv_cached": self.blocks.num_cached,
             "prefix_fallback_tokens": plan.fallback_tokens,
+            "prefix_rewind_tokens": plan.rewind_tokens,
             # [seq_id, tokens computed] per prompt chunk: lets a monitor draw each ingestion's progress
             "prefilled": [[s.seq.seq_id, s.seq.num_computed] for s in plan.spans[plan.num_decodes:]],
             "target_ms": self.policy.target * 1e3 if isinstance(self.policy, AdaptiveBudget) else None,

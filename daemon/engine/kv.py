@@ -4,7 +4,8 @@ Automatic prefix caching (as in vLLM and nano-vllm): a block full of computed to
 (its parent's key, its token ids), so equal prefixes have equal keys. Blocks are reference counted; a block
 nobody holds keeps its contents and key on an LRU list until it is handed out again, so a finished
 conversation stays cached while memory allows. Only full blocks are shared and a sequence only ever writes
-past its cached prefix, so a shared block is never written.
+past its cached prefix, so a shared block is never written (but by a recurrent model's sequence resuming short of
+its hit with per-sequence KV, which computes the rest again into cells of its own).
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ class BlockManager:
     """Reference-counted KV blocks; full computed blocks are cached by prefix key until evicted (LRU)."""
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True,
-                 servable: Callable[[list[int]], int] | None = None) -> None:
+                 servable: Callable[[list[int]], int] | None = None,
+                 resumable: Callable[[list[int]], int] | None = None, rewind_in_place: bool = True,
+                 whole_chains: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -42,6 +45,12 @@ class BlockManager:
         self._cached: dict[bytes, int] = {}  # key -> block
         self._free = list(range(num_blocks - 1, -1, -1))  # free and uncached; pop() hands out low ids first
         self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()  # free but cached, oldest first
+        # The block before each cached block in the chain that cached it (-1: the first), to find a chain's cached
+        # continuations when one of its blocks loses its key to a twin (`_unchain`).
+        self._prev = [-1] * num_blocks
+        # whole_chains: a hit must be one run held together (llama.cpp's streams copy whole sequences); a shared pool
+        # (llama.cpp's unified cache) serves a chain position by position, so its twins' continuations stay cached.
+        self.whole_chains = whole_chains
         # Blocks whose contents nobody will read again (freed uncached, or evicted from the cache) since the
         # engine last looked: a runner that keeps KV outside the block pool (llama.cpp) drops them.
         self.forgotten: list[int] = []
@@ -49,6 +58,13 @@ class BlockManager:
         # cannot honour is cut there and recomputed (counted, never an error).
         self.servable = servable
         self.fallback_tokens = 0
+        # A recurrent model resumes a hit only where the runner saved its state (Runner.resumable_prefix): the rest of
+        # the hit is recomputed (counted here). `rewind_in_place`: into the hit's own blocks, which stay cached and
+        # keep the chain whole (per-sequence KV: the recomputed cells are the sequence's own); else into new blocks
+        # (a shared KV pool: cells computed again are cells the pool must count).
+        self.resumable = resumable
+        self.rewind_in_place = rewind_in_place
+        self.rewind_tokens = 0
 
     @property
     def num_free(self) -> int:
@@ -151,14 +167,24 @@ class BlockManager:
                         "recomputing them", seq.seq_id, lost, len(hit))
             self.uncache(hit[n:])
             del hit[n:]
+        resume = len(hit)
+        if hit and self.resumable is not None and (resume := self.resumable(hit)) < len(hit):
+            # In place, the sequence holds the whole hit but computes it again from the checkpoint: the chain stays
+            # one, and stays cached (a block the runner dropped meanwhile is cached again once recomputed: it is
+            # registered from the checkpoint on).
+            self.rewind_tokens += (len(hit) - resume) * self.block_size
+            log.info("seq %d: its recurrent state resumes after %d of the %d cached prefix blocks (the last checkpoint); "
+                     "recomputing the other %d", seq.seq_id, resume, len(hit), len(hit) - resume)
+            if not self.rewind_in_place:
+                del hit[resume:]
         for b in hit:
             if self._ref[b] == 0:
                 del self._lru[b]
             self._ref[b] += 1
             seq.block_table.append(b)
-        n = len(seq.block_table) * self.block_size
+        n = resume * self.block_size
         seq.num_computed = n
-        seq.num_registered = len(seq.block_table)
+        seq.num_registered = resume
         return n
 
     def cached_prefix_tokens(self, seq: Sequence) -> int:
@@ -181,25 +207,29 @@ class BlockManager:
         if not self.prefix_caching:
             return
         full = seq.num_computed // self.block_size
+        table = seq.block_table
         last = 0
         for i in range(seq.num_registered, full):
             key = self._seq_key(seq, i)
-            b = seq.block_table[i]
+            b = table[i]
             if key in self._cached or self._key[b] is not None:
                 continue  # a twin computed concurrently keeps the entry
             self._cached[key] = b
             self._key[b] = key
+            self._prev[b] = table[i - 1] if i else -1
             last = i
         # The cache keeps chains whole: when `seq` extends past twins of its earlier blocks, its own blocks take
         # their keys, so a later hit is one run of blocks (llama.cpp serves a hit from one stream).
-        for j in range(last):
-            self._repoint(self._seq_key(seq, j), seq.block_table[j])
+        moved = [old for j in range(last) if (old := self._repoint(self._seq_key(seq, j), table[j],
+                                                                    table[j - 1] if j else -1)) is not None]
+        self._unchain(moved)
         seq.num_registered = max(seq.num_registered, full)
 
-    def _repoint(self, key: bytes, b: int) -> None:
+    def _repoint(self, key: bytes, b: int, prev: int) -> int | None:
+        """`key` now names block b (after `prev` in its chain); returns the block that lost it, if any."""
         old = self._cached.get(key)
         if old == b:
-            return
+            return None
         if old is not None:
             self._key[old] = None
             if self._ref[old] == 0:  # free and cached: now simply free
@@ -208,6 +238,27 @@ class BlockManager:
                 self.forgotten.append(old)
         self._cached[key] = b
         self._key[b] = key
+        self._prev[b] = prev
+        return old
+
+    def _unchain(self, olds: list[int]) -> None:
+        """Blocks that lost their keys to twins: their chains' cached continuations that no twin took over (a
+        request that parted from the twin's) are uncached. Their cells sit after the old blocks, in sequences (llama.cpp
+        streams) that do not hold the twins, so a hit running through the twins could not be served from one."""
+        if not olds or not self.whole_chains:
+            return
+        children: dict[int, list[int]] = {}
+        for c, key in enumerate(self._key):
+            if key is not None and self._prev[c] >= 0:
+                children.setdefault(self._prev[c], []).append(c)
+        orphans, stack = [], list(olds)
+        while stack:
+            for c in children.pop(stack.pop(), ()):
+                orphans.append(c)
+                stack.append(c)
+        if orphans:
+            log.debug("uncaching %d blocks whose chains ran through blocks that twins replaced", len(orphans))
+            self.uncache(orphans)
 
     def _seq_key(self, seq: Sequence, i: int) -> bytes:
         """Key of `seq`'s i-th full block; memoised on the sequence (its known tokens never change)."""
@@ -252,8 +303,8 @@ class BlockManager:
     def adopt(self, blocks: list[int], keys: list[bytes]) -> None:
         """Blocks now holding a restored prefix join the cache as cached blocks nobody holds (the chain's keys
         move to them, as when a twin computed concurrently extends past an older copy)."""
-        for key, b in zip(keys, blocks):
-            self._repoint(key, b)
+        self._unchain([old for j, (key, b) in enumerate(zip(keys, blocks))
+                       if (old := self._repoint(key, b, blocks[j - 1] if j else -1)) is not None])
         for b in reversed(blocks):  # as `free` does: the tail is evicted first
             self._lru[b] = None
 

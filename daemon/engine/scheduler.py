@@ -38,6 +38,19 @@ def aging_limit(priority: int) -> int:
     return AGING_STEPS << min(max(priority, 0), 4)
 
 
+def checkpoint_chunk(start: int, n: int, total: int, block_size: int, every: int) -> int:
+    """A recurrent model's chunk of `n` tokens from `start` (of `total` known): at most `every`, ending on a block
+    boundary where it crosses one, and a prompt's last chunk stopping at its last full block (the furthest a later
+    prefix hit can reach), so that the runner saves the state where hits resume."""
+    n = min(n, every)
+    end = start + n
+    if end >= total:
+        last = (total - 1) // block_size * block_size
+        return last - start if start < last else n
+    aligned = end // block_size * block_size
+    return aligned - start if aligned > start else n
+
+
 def attention_pairs(start: int, n: int) -> int:
     """Causal (query, key) pairs for n new tokens after `start` cached ones."""
     return n * start + n * (n + 1) // 2
@@ -72,6 +85,7 @@ class StepPlan:
     cache_hit_tokens: int = 0  # tokens of this step's admissions served from the prefix cache
     cache_query_tokens: int = 0  # tokens of this step's admissions
     fallback_tokens: int = 0  # cached prefix tokens the runner could no longer serve: recomputed
+    rewind_tokens: int = 0  # cached prefix tokens past a recurrent model's last checkpoint: recomputed
     parked: list[Sequence] = field(default_factory=list)  # running prefills that gave their slot to a queued request
     waiting: list[Sequence] = field(default_factory=list)  # prompts that got nothing this step (their .wait says why)
     held: int | None = None  # tokens cached by all sequences before the step, when the KV cache is shared
@@ -113,6 +127,7 @@ class SchedulerConfig:
     max_prefill_chunk: int | None = None  # cap on one sequence's chunk per step (None = the budget)
     max_step_tokens: int | None = None  # the backend's hard limit on one forward pass (llama.cpp n_batch)
     shared_kv: bool = False  # every query attends every cached cell (llama.cpp's unified cache)
+    checkpoint_every: int | None = None  # a recurrent model's checkpoint spacing (Runner.checkpoint_every)
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("chunked", "monolithic"):
@@ -144,7 +159,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        fallback_before = self.blocks.fallback_tokens
+        fallback_before, rewind_before = self.blocks.fallback_tokens, self.blocks.rewind_tokens
         if self.config.shared_kv:
             if self.running:
                 running = sum(s.num_computed for s in self.running)
@@ -165,6 +180,7 @@ class Scheduler:
             plan.num_decodes += 1
         self._schedule_prompts(plan, scheduled)
         plan.fallback_tokens = self.blocks.fallback_tokens - fallback_before
+        plan.rewind_tokens = self.blocks.rewind_tokens - rewind_before
         return plan
 
     def remaining(self, seq: Sequence) -> int:
@@ -261,6 +277,9 @@ class Scheduler:
             n = min(left, offer, self.config.max_prefill_chunk or left)
         # never exceed the backend's per-forward limit (a monolithic prompt beyond it is split there)
         n = n if hard_left is None else min(n, hard_left - plan.prefill_tokens)
+        if self.config.checkpoint_every and n > 0 and self.config.prefill_mode == "chunked":
+            n = checkpoint_chunk(seq.num_computed, n, seq.num_tokens, self.blocks.block_size,
+                                 self.config.checkpoint_every)
         if seq.embeds and n > 0:  # an image that must run whole: up to it, or all of it (a step can run long)
             whole = seq.fit_chunk(n)
             n = whole if hard_left is None or whole <= hard_left - plan.prefill_tokens else 0

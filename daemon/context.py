@@ -45,11 +45,15 @@ class Workers(Protocol):
 
 
 class Closable(Protocol):
+    """Something the server closes at shutdown (remote models' connection pools)."""
+
     async def aclose(self) -> None: ...
 
 
 @dataclass
 class AppContext:
+    """What the app's handlers share; one per app, built by server.create_app."""
+
     settings: Settings
     store: Store
     manager: ModelManager

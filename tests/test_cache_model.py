@@ -247,7 +247,7 @@ def test_twins_parting_leave_whole_chains(runners):
     machine.start(docs=[doc, [3] * DOC_LEN, [3] * DOC_LEN])
     for blocks, doc_i, n, off, tail in ((6, 0, 1, 1, [3]), (0, 0, 3, 3, [3]), (6, 1, 2, 0, [3]), (7, 0, 1, 0, [3]),
                                          (5, 0, 1, 3, [3, 3])):
-        machine.submit(doc=doc_i, blocks=blocks, off=off, tail=tail, n=n)
+        machine.submit(doc=doc_i, blocks=blocks, off=off, tail=tail, n=n, drafts=0, copy=0)
     for steps in (1, 3):
         machine.step(steps=steps)
         machine.nothing_lost()

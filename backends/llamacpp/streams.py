@@ -28,6 +28,7 @@ class StreamCells(BlockCells):
         # a window model's test of whether a stream holds the attention window before a position (window.py): a hit
         # is served from such a stream first
         self.covers: Callable[[int, int], bool] | None = None
+        self.copy_now: Callable[[int, int], None] | None = None  # ... and its copy that is done when called
         self._stream: dict[int, int] = {}  # live slot -> its stream
         self._slot: dict[int, int] = {}  # live stream -> its slot
         self._parked: collections.OrderedDict[int, None] = collections.OrderedDict()  # least recent first
@@ -73,7 +74,13 @@ class StreamCells(BlockCells):
             if src is None:
                 self._remove(s, -1, -1)
             else:
-                self._copy(src, s)
+                if self._lacks_window(src, len(hit)) and self.copy_now is not None:
+                    # the hit resumes at a window checkpoint loaded into `s` before this step's decode; llama.cpp
+                    # copies a stream's tensors at that decode, over it: this copy goes through host memory now
+                    self._remove(s, -1, -1)
+                    self.copy_now(src, s)
+                else:
+                    self._copy(src, s)
                 self._remove(s, len(hit) * bs, -1)
                 for j, b in enumerate(hit):
                     self._add(s, j, b)

@@ -74,7 +74,7 @@ class SlidingWindow:
         first."""
         self._cells = cells
         if not self.shared_kv:
-            cells.covers = self.covers
+            cells.covers, cells.copy_now = self.covers, self.copy_now
 
     # ---- what llama.cpp holds ----
     def covers(self, seq: int, n: int) -> bool:
@@ -143,6 +143,14 @@ class SlidingWindow:
         marks = [m for m in self._marks.get(src, []) if p1 < 0 or m <= p1]
         if marks:
             self._marks[dst] = sorted(set(self._marks.get(dst, []) + marks))
+
+    def copy_now(self, src: int, dst: int) -> None:
+        """Stream dst (empty) gets src's cells through host memory, at once (a window loaded into dst next must not
+        be overwritten by llama.cpp's deferred stream copy)."""
+        data = self.save(src, 0)
+        if data is None or not self.load(dst, data, 0):
+            raise RuntimeError(f"llama.cpp could not copy sequence {src} into {dst}: {take_recent_errors() or 'unknown'}")
+        self.copied(src, dst)
 
     # ---- llama.cpp state ----
     def save(self, seq: int, flags: int) -> bytes | None:

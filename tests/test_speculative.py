@@ -54,6 +54,9 @@ def test_lookup_takes_the_longest_latest_match() -> None:
     assert (draft, match) == ([7, 8, 4], 3)  # "1 2 3" last occurred before 7 (not before 9: latest wins)
     assert lookup(np.array([4, 4, 4], dtype=np.int32), 5) == ([4], 2)
     assert lookup(np.array([1, 2, 3], dtype=np.int32), 4) == ([], 0)
+    img = -(2**62)  # an image's placeholder rows (negative 64-bit ids) are never drafted
+    assert lookup(np.array([1, 2, 5, img, img, 1, 2], dtype=np.int64), 4) == ([5], 2)
+    assert lookup(np.array([1, img, 1], dtype=np.int64), 4) == ([], 0)
 
 
 @pytest.mark.parametrize("drafts", [-1, 1, 4, 16])

@@ -13,10 +13,11 @@ MAX_MATCH = 8  # longest suffix compared; a longer match says no more about the 
 
 
 class TokenHistory:
-    """A sequence's known tokens as a growing int32 array (appended as the sequence grows, never rebuilt)."""
+    """A sequence's known tokens as a growing int64 array (appended as the sequence grows, never rebuilt; an image's
+    placeholder ids are negative 64-bit numbers)."""
 
     def __init__(self, shifts: int = 0) -> None:
-        self._buf = np.zeros(64, dtype=np.int32)
+        self._buf = np.zeros(64, dtype=np.int64)
         self.n = 0
         self.shifts = shifts  # the sequence's context shifts when this was started: one more, and it is stale
 
@@ -26,7 +27,7 @@ class TokenHistory:
         if num_tokens <= self.n:
             return
         if num_tokens > len(self._buf):
-            buf = np.zeros(max(num_tokens, 2 * len(self._buf)), dtype=np.int32)
+            buf = np.zeros(max(num_tokens, 2 * len(self._buf)), dtype=np.int64)
             buf[: self.n] = self._buf[: self.n]
             self._buf = buf
         self._buf[self.n:num_tokens] = tokens_of(self.n, num_tokens)
@@ -57,7 +58,9 @@ def lookup(tokens: np.ndarray, k: int, min_match: int = 1) -> tuple[list[int], i
     if m < min_match:
         return [], 0
     start = int(cand[-1]) + 1  # the latest occurrence: nearest context, most likely what is being copied now
-    return tokens[start: start + k].tolist(), m
+    draft = tokens[start: start + k].tolist()
+    cut = next((i for i, t in enumerate(draft) if t < 0), len(draft))  # an image's rows are never a draft
+    return (draft[:cut], m) if cut else ([], 0)
 
 
 class PromptLookup:

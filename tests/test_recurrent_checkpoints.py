@@ -199,3 +199,17 @@ def test_a_hit_shared_from_a_running_sequence_resumes_from_its_checkpoint(arch, 
         assert list(running)[-1].done_reason == "length" and warm.stats().kv_blocks_used == 0
     finally:
         r.close()
+
+
+def test_checkpoint_store_keeps_the_newest_within_its_budget() -> None:
+    from evenflow.backends.llamacpp.checkpoints import Checkpoints
+
+    cp = Checkpoints()
+    assert cp.put(1, b"a" * 4, 10) == 0 and cp.put(2, b"b" * 4, 10) == 0
+    assert cp.get(1) == b"aaaa"  # 1 is now the most recent: 2 goes first
+    assert cp.put(3, b"c" * 4, 10) == 1 and 2 not in cp and cp.bytes == 8
+    assert cp.last_in([7, 1, 8]) == 2 and cp.last_in([8]) == 0
+    assert cp.along([3, 9, 1]) == [(0, b"cccc"), (2, b"aaaa")]
+    assert cp.put(4, b"d" * 20, 10) == 2 and cp.bytes == 20  # never the newest, even over the budget
+    cp.forget(4)
+    assert cp.bytes == 0 and 4 not in cp

@@ -14,7 +14,6 @@ when a slot is freed, and before any cut of a sequence's cells (llama.cpp refuse
 """
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
 import struct
@@ -22,6 +21,7 @@ import struct
 import llama_cpp.llama_cpp as L
 
 from ..common.memory import available_host_bytes
+from .checkpoints import Checkpoints
 from .native import take_recent_errors
 
 log = logging.getLogger(__name__)
@@ -41,13 +41,12 @@ class RecurrentStates:
         self.state_bytes = 0  # one sequence's state, learnt from the first checkpoint
         self.budget = MIN_BUDGET
         self._num_slots = num_slots
-        self._points: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # block -> state; LRU first
+        self._points = Checkpoints()  # block -> state
         self._transient: dict[int, int] = {}  # slot -> block of its latest decode checkpoint
         # llama.cpp sequence -> (slot, position) its recurrent state was left at by the last step. Where a new sequence's
         # cells are shared from a live one (the unified layout), llama.cpp shares that one's state too: only this says
         # whether a sequence continues its own.
         self._at: dict[int, tuple[int, int]] = {}
-        self.bytes = 0
         self.saved = self.loaded = self.evicted = 0
 
     # ---- llama.cpp ----
@@ -84,28 +83,17 @@ class RecurrentStates:
         if decode:
             old = self._transient.pop(slot, None)
             if old is not None and old != block:
-                self._forget(old)
+                self._points.forget(old)
             self._transient[slot] = block
         self.put(block, data)
         self.saved += 1
 
     def put(self, block: int, data: bytes) -> None:
-        self._forget(block)
-        self._points[block] = data
-        self.bytes += len(data)
-        while self.bytes > self.budget and len(self._points) > 1:
-            self._forget(next(iter(self._points)))
-            self.evicted += 1
-
-    def get(self, block: int) -> bytes | None:
-        data = self._points.get(block)
-        if data is not None:
-            self._points.move_to_end(block)
-        return data
+        self.evicted += self._points.put(block, data, self.budget)
 
     def restore(self, seq: int, block: int) -> None:
         """Load the checkpoint after `block` into `seq` (a fresh sequence whose attention cells hold the prefix)."""
-        data = self.get(block)
+        data = self._points.get(block)
         if data is None:
             raise RuntimeError(f"no recurrent-state checkpoint after block {block}; the engine and the runner disagree")
         self.load(seq, data)
@@ -113,20 +101,17 @@ class RecurrentStates:
 
     def resumable(self, blocks: list[int]) -> int:
         """The longest leading run of `blocks` that ends where a checkpoint was saved (0: none)."""
-        for k in range(len(blocks), 0, -1):
-            if blocks[k - 1] in self._points:
-                return k
-        return 0
+        return self._points.last_in(blocks)
 
     def along(self, blocks: list[int]) -> list[tuple[int, bytes]]:
         """(index, state) of the checkpoints saved along a chain of blocks, to save it to disk with them."""
-        return [(i, self._points[b]) for i, b in enumerate(blocks) if b in self._points]
+        return self._points.along(blocks)
 
     def drop(self, blocks: list[int]) -> None:
         """The engine forgot these blocks: their checkpoints go too."""
         gone = set(blocks)
         for b in gone:
-            self._forget(b)
+            self._points.forget(b)
         self._transient = {s: b for s, b in self._transient.items() if b not in gone}
 
     def release(self, slot: int) -> None:
@@ -152,16 +137,10 @@ class RecurrentStates:
             if end % bs == 0 and 0 < end // bs <= len(s.block_table):
                 self.checkpoint(s.slot, seq, s.block_table[end // bs - 1], decode=s.length == 1)
 
-    def _forget(self, block: int) -> None:
-        data = self._points.pop(block, None)
-        if data is not None:
-            self.bytes -= len(data)
-
     def reset(self) -> None:
         self._points.clear()
         self._transient.clear()
         self._at.clear()
-        self.bytes = 0
 
 
 # A saved prefix of a recurrent model: llama.cpp's state of the sequence holding its attention cells, then the

@@ -18,13 +18,13 @@ before it and recomputes the rest, as llama-server's context checkpoints do.
 """
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
 from typing import Iterable
 
 import llama_cpp.llama_cpp as L
 
+from .checkpoints import Checkpoints
 from .native import take_recent_errors
 from .recurrent import pack_prefix, unpack_prefix
 
@@ -63,8 +63,7 @@ class SlidingWindow:
         self._ctx, self._mem = ctx, L.llama_get_memory(ctx)
         self.n_swa, self.block_size, self.shared_kv = n_swa, block_size, shared_kv
         self._cells = None  # the runner's PrefixCells / StreamCells (attach)
-        self._points: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # block -> window; LRU first
-        self.bytes = 0
+        self._points = Checkpoints()  # block -> the window before its end
         self._marks: dict[int, list[int]] = {}  # seq id -> positions where a prompt run in it ended
         self._prompting: set[int] = set()  # seq ids whose prompt has not produced logits yet
         self.loaded = 0
@@ -98,10 +97,7 @@ class SlidingWindow:
         window, else up to the last checkpoint among them (0: none)."""
         if not blocks or self.served(blocks):
             return len(blocks)
-        for k in range(len(blocks), 0, -1):
-            if blocks[k - 1] in self._points:
-                return k
-        return 0
+        return self._points.last_in(blocks)
 
     def resume(self, spans: list, seqs: list[int]) -> None:
         """Before a step: a span whose sequence lacks the window before it (a hit cut back to a checkpoint) gets it."""
@@ -109,11 +105,10 @@ class SlidingWindow:
             if s.start_pos and not self.covers(seq, s.start_pos):
                 block = s.block_table[s.start_pos // self.block_size - 1] if s.start_pos % self.block_size == 0 \
                     else None
-                data = self._points.get(block) if block is not None else None
+                data = self._points.get(block)
                 if data is None:
                     raise RuntimeError(f"sequence {seq} lacks the attention window before position {s.start_pos} and "
                                        "no checkpoint holds it; the engine and the runner disagree")
-                self._points.move_to_end(block)
                 self.load(seq, data)
                 self.loaded += 1
                 if not self.covers(seq, s.start_pos):
@@ -177,7 +172,7 @@ class SlidingWindow:
             return None
         full, windows = unpack_prefix(data)
         have = {i for i, _ in windows}
-        kept = [(i, self._points[b]) for i, b in enumerate(blocks[:-1]) if b in self._points and i not in have]
+        kept = [(i, w) for i, w in self._points.along(blocks[:-1]) if i not in have]
         return pack_prefix(full, sorted(windows + kept, reverse=True)) if kept else data
 
     def _export(self, seq: int, n_blocks: int) -> bytes | None:
@@ -240,25 +235,14 @@ class SlidingWindow:
 
     # ---- checkpoints ----
     def put(self, block: int, data: bytes) -> None:
-        self._forget(block)
-        self._points[block] = data
-        self.bytes += len(data)
-        budget = max(MIN_BUDGET, BUDGET_WINDOWS * len(data))
-        while self.bytes > budget and len(self._points) > 1:
-            self._forget(next(iter(self._points)))
+        self._points.put(block, data, max(MIN_BUDGET, BUDGET_WINDOWS * len(data)))
 
     def drop(self, blocks: list[int]) -> None:
         """The engine forgot these blocks: their checkpoints go too."""
         for b in blocks:
-            self._forget(b)
-
-    def _forget(self, block: int) -> None:
-        data = self._points.pop(block, None)
-        if data is not None:
-            self.bytes -= len(data)
+            self._points.forget(b)
 
     def reset(self) -> None:
         self._points.clear()
         self._marks.clear()
         self._prompting.clear()
-        self.bytes = 0

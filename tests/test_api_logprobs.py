@@ -190,10 +190,12 @@ def test_disconnect_aborts_every_choice(daemon: Daemon) -> None:
             seen: set[int] = set()
             while len(seen) < 3:
                 seen.add(json.loads(next(lines)[6:])["choices"][0]["index"])
-            assert daemon.ctx.manager.models["tiny:latest"].engine.stats().running == 3
+            s = daemon.ctx.manager.models["tiny:latest"].engine.stats()
+            # all three are alive; one may be waiting to recompute after a context shift (1024-token window)
+            assert s.running + s.waiting == 3
     engine = daemon.ctx.manager.models["tiny:latest"].engine
     deadline = time.monotonic() + 20
-    while (kv_used(daemon, "tiny:latest") or engine.stats().running) and time.monotonic() < deadline:
+    while (kv_used(daemon, "tiny:latest") or not engine.idle) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert kv_used(daemon, "tiny:latest") == 0 and engine.stats().running == 0 and engine.idle
 

@@ -43,6 +43,10 @@ class CannotServe(ManagerError):
     what this machine's memory can give one sequence."""
 
 
+class NotFound(ManagerError):
+    """A model the request names besides its own (a draft model) is not in the store."""
+
+
 class LoadFailed(ManagerError):
     """The model did not load; `model_fault` when its files are bad or unsupported (the same answer every time)."""
 
@@ -83,6 +87,8 @@ class LoadedModel:
     backend: str
     gpu: "GpuOptions" = field(default_factory=lambda: GpuOptions())  # the num_gpu / main_gpu it loaded with
     draft: Runner | None = None  # the draft model's runner (speculative decoding, Modelfile DRAFT)
+    settings: RunnerSettings | None = None  # what the runner loaded with (a request's draft model loads alike)
+    drafts: dict[str, Runner] = field(default_factory=dict)  # draft models requests named, by store name
     vram_default: int = 4096  # Ollama's default num_ctx for the GPU memory this model runs with
     active: int = 0
     keep_alive: float = 300.0
@@ -157,6 +163,7 @@ class Lease:
                  num_ctx: int) -> None:
         self.manager, self.model, self.keep_alive, self.load_duration_ns = manager, model, keep_alive, load_ns
         self.num_ctx = num_ctx
+        self.draft_model = ""  # the request's draft model (its store name), loaded beside the model; "" = default
         self._released = False
 
     def release(self) -> None:
@@ -185,6 +192,7 @@ class ModelManager:
         self._pending = 0  # requests waiting for a model (queue depth before the engine)
         self._closing = False
         self._listeners: list[Callable[[dict], None]] = []  # engine event subscribers, attached at load
+        self._draft_loading: dict[tuple[int, str], asyncio.Future[None]] = {}  # (model, draft): a load under way
         # cached prefixes outlive an unload or a restart (engine/kv_disk.py); None when the budget is 0
         self.kv_disk = DiskKVCache(settings.kv_cache_dir, settings.kv_cache_size) if settings.kv_cache_size > 0 \
             else None
@@ -207,9 +215,10 @@ class ModelManager:
             m.engine.subscribe(fn)
 
     async def acquire(self, name: str, *, keep_alive: float | None = None, num_ctx: int | None = None,
-                      gpu: GpuOptions | None = None) -> Lease:
+                      gpu: GpuOptions | None = None, draft: str | None = None) -> Lease:
         """Resolve, load if needed (shared), and hold `name` for one request whose sequence gets `num_ctx` tokens
-        (None: the model's default window; the lease says which); a ManagerError (or the resolver's) on failure."""
+        (None: the model's default window; the lease says which) and drafts with the draft model `draft` (loaded
+        beside it: `_request_draft`); a ManagerError (or the resolver's) on failure."""
         if self._closing:
             raise ShuttingDown("server is shutting down")
         record = self.resolve(name)
@@ -237,7 +246,15 @@ class ModelManager:
         if model.timer is not None:
             model.timer.cancel()
             model.timer = None
-        return Lease(self, model, keep, time.perf_counter_ns() - t0, window)
+        lease = Lease(self, model, keep, time.perf_counter_ns() - t0, window)
+        if draft:
+            try:
+                lease.draft_model = await self._request_draft(model, draft)
+            except BaseException:
+                lease.release()
+                raise
+            lease.load_duration_ns = time.perf_counter_ns() - t0
+        return lease
 
     async def unload(self, name: str) -> bool:
         """Unload now if loaded (waits for in-flight requests to finish)."""
@@ -385,11 +402,12 @@ class ModelManager:
                            max_num_seqs=self.slots, target_itl_ms=s.target_itl_ms, max_queue=s.max_queue,
                            context_length=ctx, speculative=s.speculative)
         engine = Engine(runner, cfg, name=record.name, kv_disk=self.kv_disk, model_id=model_identity(record.path),
-                        draft=draft)
+                        draft=draft[0] if draft is not None else None)
         await asyncio.to_thread(engine.warm_disk_cache)
         engine.start()
-        model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, _memory_size(record, runner),
-                            backend, gpu, draft, vram_default)
+        size = _memory_size(record, runner) + (draft[1] if draft is not None else 0)
+        model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, size,
+                            backend, gpu, draft[0] if draft is not None else None, rs, vram_default=vram_default)
         for fn in self._listeners:
             engine.subscribe(fn)
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
@@ -400,9 +418,10 @@ class ModelManager:
                  model.load_duration_ns / 1e9, backend, ctx, model.max_context)
         return model
 
-    async def _load_draft(self, record: ModelRecord, backend: str, runner: Runner, rs: RunnerSettings) -> Runner | None:
-        """The model's draft model (PARAMETER draft_model, from the Modelfile's DRAFT), loaded with its slots and
-        window; None when it names none. LoadFailed (the model's fault) for a draft that cannot serve it."""
+    async def _load_draft(self, record: ModelRecord, backend: str, runner: Runner,
+                          rs: RunnerSettings) -> tuple[Runner, int] | None:
+        """The model's draft model (PARAMETER draft_model, from the Modelfile's DRAFT) and its memory; None when it
+        names none. LoadFailed (the model's fault) for a draft that cannot serve it."""
         name = record.params.get("draft_model")
         if not name:
             return None
@@ -413,8 +432,16 @@ class ModelManager:
             draft_record = self.resolve(name)
         except Exception as e:  # noqa: BLE001 - the resolver's own error says why (not found, invalid name)
             raise LoadFailed(f"the draft model {name!r} of {record.name!r}: {e}", model_fault=True) from None
+        draft = await self._open_draft(record.name, runner, rs, draft_record, name)
+        log.info("%s drafts with %s", record.name, name)
+        return draft, _memory_size(draft_record, draft)
+
+    async def _open_draft(self, target: str, runner: Runner, rs: RunnerSettings, draft_record: ModelRecord,
+                          name: str) -> Runner:
+        """Load `draft_record` as a draft model of `runner` (its slots and window); LoadFailed (model_fault) when it
+        is no GGUF, does not load or has another vocabulary."""
         if draft_record.remote is not None or auto_backend(draft_record.path) != "llamacpp":
-            raise LoadFailed(f"the draft model {name!r} of {record.name!r} must be a GGUF model", model_fault=True)
+            raise LoadFailed(f"the draft model {name!r} of {target!r} must be a GGUF model", model_fault=True)
         settings = dataclasses.replace(rs, max_num_seqs=runner.max_num_seqs, num_kv_blocks=None,
                                        projector_path=None)
         try:
@@ -423,12 +450,59 @@ class ModelManager:
             raise LoadFailed(f"failed to load the draft model {name!r}: {public_text(str(e), draft_record.path)}",
                              model_fault=True) from None
         try:
-            await asyncio.to_thread(check_vocab, runner, draft, record.name, name)
+            await asyncio.to_thread(check_vocab, runner, draft, target, name)
         except DraftVocabMismatch as e:
             await asyncio.to_thread(draft.close)
             raise LoadFailed(str(e), model_fault=True) from None
-        log.info("%s drafts with %s", record.name, name)
         return draft
+
+    async def _request_draft(self, model: LoadedModel, name: str) -> str:
+        """The draft model a request names (option draft_model), loaded beside `model` once and kept until it
+        unloads; its store name ("" when it is the model's own Modelfile draft). NotFound, or CannotServe /
+        LoadFailed saying why it cannot draft for this model."""
+        try:
+            record = self.resolve(name)
+        except Exception as e:  # noqa: BLE001 - the resolver's error for an unknown name is a 404
+            if getattr(e, "status", None) == 404:
+                raise NotFound(f"draft model {name!r} not found") from None
+            raise
+        own = model.record.params.get("draft_model")
+        if model.draft is not None and own and record.name in (own, self.resolve(own).name):
+            return ""
+        if model.backend != "llamacpp":
+            raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: draft models run on the llama.cpp "
+                              f"backend only (this model runs on {model.backend})")
+        if (why := model.engine.cannot_draft()) is not None:
+            raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: {why}")
+        key = (id(model), record.name)
+        while record.name not in model.drafts:
+            fut = self._draft_loading.get(key)
+            if fut is not None:  # another request is loading it: its outcome is ours
+                await asyncio.shield(fut)
+                continue
+            fut = self._draft_loading[key] = asyncio.get_running_loop().create_future()
+            try:
+                assert model.settings is not None
+                draft = await self._open_draft(model.name, model.runner, model.settings, record, name)
+                if self.models.get(model.name) is not model:  # the daemon stopped meanwhile
+                    await asyncio.to_thread(draft.close)
+                    raise ShuttingDown("server is shutting down")
+                try:
+                    model.engine.add_draft([record.name], draft)
+                except ValueError as e:
+                    await asyncio.to_thread(draft.close)
+                    raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: {e}") from None
+                model.drafts[record.name] = draft
+                model.size += _memory_size(record, draft)
+                log.info("%s drafts with %s for the requests that name it", model.name, record.name)
+                fut.set_result(None)
+            except BaseException as e:
+                fut.set_exception(e if isinstance(e, Exception) else RuntimeError("load cancelled"))
+                fut.exception()  # mark retrieved: waiters re-raise it themselves
+                raise
+            finally:
+                self._draft_loading.pop(key, None)
+        return record.name
 
     def _release(self, model: LoadedModel, keep_alive: float) -> None:
         model.active -= 1
@@ -472,7 +546,7 @@ def _close(model: LoadedModel) -> None:
     try:
         model.engine.shutdown(timeout=10)
     finally:
-        for runner in (model.runner, model.draft):
+        for runner in (model.runner, model.draft, *model.drafts.values()):
             try:
                 if runner is not None:
                     runner.close()

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...backends.base import Batch, Runner
 from .kv import BlockManager, SlotPool
-from .scheduler import StepPlan
+from .scheduler import ScheduledSpan
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -83,10 +83,10 @@ class DraftModel:
         self._seqs: dict[int, _DraftSeq] = {}
 
     # ---- the target's prompt chunks ----
-    def follow(self, plan: StepPlan) -> None:
+    def follow(self, spans: list[ScheduledSpan]) -> None:
         """Read the prompt chunks the target computes this step (and a prefix it had cached)."""
         reads = []
-        for span in plan.spans[plan.num_decodes:]:
+        for span in spans:
             seq = span.seq
             ds = self._track(seq)
             if ds is None:

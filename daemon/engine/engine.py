@@ -22,6 +22,7 @@ from .config import EngineConfig, EngineError, EngineStats, EngineStopped, Promp
 from .config import make_budget_policy
 from .detokenizer import IncrementalDetokenizer
 from .disk_prefixes import DiskPrefixes, prompt_keys
+from .draft_model import DraftModel
 from .grammar import Constraint, GrammarCompiler, mask_rows
 from .kv import BlockManager, blocks_for
 from .kv_disk import DiskKVCache
@@ -117,6 +118,21 @@ class Engine:
         self._stats = self._snapshot()
 
     # ---- public API (any thread) ----
+    def cannot_draft(self) -> str | None:
+        """Why no request of this model can draft (None: it can)."""
+        if self.spec is not None:
+            return None
+        if self.config.speculative == "off":
+            return "speculative decoding is off (EVENFLOW_SPECULATIVE=off)"
+        return "its cache cannot take rejected tokens back (a recurrent state or a sliding-window cache)"
+
+    def add_draft(self, names: list[str], runner: Runner) -> None:
+        """Requests whose `draft_model` is one of `names` draft with `runner` from now on (a model of the same
+        vocabulary, draft_model.check_vocab; the caller closes it after the engine stops)."""
+        if self.spec is None or not runner.can_rollback:
+            raise ValueError(self.cannot_draft() or "the draft model cannot take rejected tokens back")
+        self.spec.add_drafter(names, DraftModel(runner))
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"engine-{self.name}", daemon=True)
@@ -469,7 +485,7 @@ class Engine:
         self.blocks.commit(seq)
         self.runner.rollback(seq.slot, seq.num_computed)  # type: ignore[arg-type]
         self.blocks.trim(seq)
-        self.spec.drafter.rejected(seq, seq.num_computed)  # type: ignore[union-attr]
+        self.spec.rejected(seq, seq.num_computed)  # type: ignore[union-attr]
 
     def _release_held(self, seq: Sequence) -> None:
         """n > 1: the first sequence's prompt is computed (or it ended): queue the others of its group."""

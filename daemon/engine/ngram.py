@@ -86,7 +86,7 @@ class PromptLookup:
         self._found[seq.seq_id] = draft[:n]
         return n, min(match, 4) if n else 0
 
-    def follow(self, plan) -> None:
+    def follow(self, spans) -> None:
         """Nothing to read along: the sequence's tokens are its state."""
 
     def draft(self, wants: list[tuple[object, int]]) -> list[list[int]]:

@@ -19,7 +19,6 @@ IGNORED_OPTIONS = frozenset(
         "mirostat", "mirostat_tau", "mirostat_eta", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
         "penalize_newline", "numa", "tfs_z", "embedding_only",
         "priority",  # scheduling, not sampling: read by the API layer (daemon/api/pipeline/options.py)
-        "draft_model",  # a model setting (Modelfile DRAFT): the manager loads it beside the model
     }
 )
 
@@ -47,6 +46,9 @@ class SamplingParams:
     shift: bool = False  # the window full: drop its middle and go on (Ollama's `shift`), else stop with "length"
     # speculative decoding (Ollama's option): -1 = as many draft tokens as pay (adaptive), 0 = none, N = N per step
     draft_num_predict: int = -1
+    # the draft model that drafts for this request ("" = the model's own: its Modelfile DRAFT, else prompt lookup);
+    # the model manager has loaded it beside the model before the request runs
+    draft_model: str = ""
     # Not an option: special tokens whose text is part of the output (id -> bytes), the markers of the model's
     # reply format that the reply parser reads (harmony's <|channel|>); every other special token stays hidden.
     preserved_tokens: dict[int, bytes] = field(default_factory=dict, metadata={"option": False})
@@ -86,6 +88,8 @@ class SamplingParams:
                                 f"tokens, got {self.draft_num_predict}")
         if self.num_keep < -1:
             raise InvalidParams(f"option 'num_keep' must be -1 (the whole prompt) or >= 0, got {self.num_keep}")
+        if not isinstance(self.draft_model, str):
+            raise InvalidParams(f"option 'draft_model' must be a model name, got {self.draft_model!r}")
         if not isinstance(self.ignore_eos, bool) or not isinstance(self.shift, bool):
             bad = "ignore_eos" if not isinstance(self.ignore_eos, bool) else "shift"
             raise InvalidParams(f"option {bad!r} must be a boolean, got {getattr(self, bad)!r}")
@@ -103,9 +107,6 @@ class SamplingParams:
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> "SamplingParams":
         """Ollama precedence: built-in defaults < `defaults` (model PARAMETERs) < request `options`."""
-        if isinstance(options, dict) and "draft_model" in options:
-            raise InvalidParams("option 'draft_model' cannot be set per request: name the draft model in the "
-                                "model's Modelfile (DRAFT NAME, or PARAMETER draft_model NAME)")
         merged: dict[str, Any] = {}
         # `shift` is a request field (Ollama's), `preserved_tokens` the reply format's: neither is an option
         known = {f.name for f in fields(cls) if f.metadata.get("option", True)} - {"shift"}

@@ -48,8 +48,9 @@ class Drafter(Protocol):
 
     sequential: bool  # each draft token costs a forward pass of its own (a draft model), shared by the sequences
 
-    def follow(self, plan: StepPlan) -> None:
-        """Every step, before drafting: read along what the target computes (a draft model's prompt)."""
+    def follow(self, spans: list[ScheduledSpan]) -> None:
+        """Every step, before drafting: read along the prompt chunks the target computes for the sequences this
+        drafter serves (a draft model's prompt)."""
         ...
 
     def offer(self, seq: Sequence, cap: int) -> tuple[int, int]:
@@ -97,9 +98,19 @@ class _SeqSpec:
     idle: int = 0  # steps since it last carried a draft
 
 
+@dataclass(eq=False)
+class _Source:
+    """A drafter and its engine-wide acceptance counts per bucket (a draft model's tokens, match lengths)."""
+
+    drafter: Drafter
+    acc: list[float] = field(default_factory=lambda: [a * PRIOR_WEIGHT for a in PRIOR_ALPHA])
+    rej: list[float] = field(default_factory=lambda: [(1 - a) * PRIOR_WEIGHT for a in PRIOR_ALPHA])
+
+
 @dataclass
 class _Candidate:
     span: ScheduledSpan
+    source: _Source
     alpha: float
     bucket: int
     cap: int  # most tokens it may take (what the drafter has, blocks, context, num_predict, draft_num_predict)
@@ -113,21 +124,45 @@ class Speculator:
     def __init__(self, config: SpecConfig, drafter: Drafter, max_rows: int | None, *, one_pass: bool,
                  max_step_tokens: int, target_s: float | None) -> None:
         self.config = config
-        self.drafter = drafter
+        # the default drafter under "" (prompt lookup, or the Modelfile's draft model), a request's named draft model
+        # under its names; replaced whole when one is added (the manager adds from another thread)
+        self._sources: dict[str, _Source] = {"": _Source(drafter)}
         self.max_rows = max_rows
         self.one_pass = one_pass  # a step is one pass whatever its spans (torch, MLX, llama.cpp's unified KV)
         self.max_step_tokens = max_step_tokens
         self.target_s = target_s  # a step with drafts stays under this (None: no latency target)
         self.cost = DraftCost()
         self.counters = SpecCounters()
-        self._acc = [a * PRIOR_WEIGHT for a in PRIOR_ALPHA]
-        self._rej = [(1 - a) * PRIOR_WEIGHT for a in PRIOR_ALPHA]
         self._seqs: dict[int, _SeqSpec] = {}
+
+    @property
+    def drafter(self) -> Drafter:
+        """The default drafter."""
+        return self._sources[""].drafter
+
+    def add_drafter(self, names: list[str], drafter: Drafter) -> None:
+        """Requests whose `draft_model` is one of `names` draft with `drafter` from the next step on."""
+        src = _Source(drafter)
+        self._sources = {**self._sources, **{n: src for n in names if n}}
+
+    def has_drafter(self, name: str) -> bool:
+        return name in self._sources
+
+    def source(self, seq: Sequence) -> _Source:
+        """The drafter of `seq`: its request's draft model, else the default (the Modelfile's draft model is it)."""
+        sources = self._sources
+        return sources.get(seq.params.draft_model) or sources[""]
+
+    def _distinct(self) -> list[_Source]:
+        return list({id(s): s for s in self._sources.values()}.values())
 
     # ---- planning ----
     def extend(self, plan: StepPlan, blocks: BlockManager, eligible: Callable[[Sequence], bool]) -> None:
         """Give some of `plan`'s decodes draft tokens (allocating their KV blocks)."""
-        self.drafter.follow(plan)
+        chunks = plan.spans[plan.num_decodes:]
+        for src in self._distinct():
+            if src.drafter.sequential:  # only a draft model reads along
+                src.drafter.follow([s for s in chunks if self.source(s.seq) is src])
         if plan.num_decodes == 0 or plan.prefill_tokens or len(plan.spans) != plan.num_decodes:
             return
         cands = [c for span in plan.spans if (c := self._candidate(span, blocks, eligible)) is not None]
@@ -143,13 +178,17 @@ class Speculator:
                 continue
             st.idle = 0
             wants.append(c)
-        drafts = self.drafter.draft([(c.span.seq, c.k) for c in wants]) if wants else []
+        drafts: list[list[int]] = [[] for _ in wants]
+        for src in {id(c.source): c.source for c in wants}.values():
+            mine = [i for i, c in enumerate(wants) if c.source is src]
+            for i, toks in zip(mine, src.drafter.draft([(wants[i].span.seq, wants[i].k) for i in mine])):
+                drafts[i] = toks
         for c, toks in zip(wants, drafts):
             # the blocks the drafts before took are gone: drafts past them are dropped (a draft model's KV of
             # them is rolled back with the rejected ones after the step)
             room = max(0, blocks.max_new_tokens(c.span.seq) - 1)
             if toks and not room:
-                self.drafter.rejected(c.span.seq, c.span.seq.num_computed)  # verified nothing: it keeps nothing
+                c.source.drafter.rejected(c.span.seq, c.span.seq.num_computed)  # verified nothing: it keeps nothing
             toks = toks[:room]
             if toks:
                 blocks.allocate(c.span.seq, 1 + len(toks))
@@ -174,23 +213,25 @@ class Speculator:
         st = self._seqs.get(seq.seq_id)
         if st is None:
             st = self._seqs[seq.seq_id] = _SeqSpec()
-        n, bucket = self.drafter.offer(seq, cap)
+        src = self.source(seq)
+        n, bucket = src.drafter.offer(seq, cap)
         if n <= 0:
             st.idle += 1
             return None
-        return _Candidate(span, self.alpha(st, bucket), bucket, min(cap, n), want > 0)
+        return _Candidate(span, src, self.alpha(src, st, bucket), bucket, min(cap, n), want > 0)
 
-    def alpha(self, st: _SeqSpec, bucket: int) -> float:
-        """A draft token's chance of acceptance: the sequence's own record, leaning on the engine-wide rate."""
-        glob = self._acc[bucket] / (self._acc[bucket] + self._rej[bucket])
+    def alpha(self, src: _Source, st: _SeqSpec, bucket: int) -> float:
+        """A draft token's chance of acceptance: the sequence's own record, leaning on its drafter's engine-wide
+        rate."""
+        glob = src.acc[bucket] / (src.acc[bucket] + src.rej[bucket])
         return (st.acc[bucket] + SEQ_WEIGHT * glob) / (st.acc[bucket] + st.rej[bucket] + SEQ_WEIGHT)
 
-    def _predict(self, decodes: int, ks: list[int]) -> float:
+    def _predict(self, decodes: int, cands: list[_Candidate], ks: list[int]) -> float:
         """The step's time with these draft tokens per candidate."""
         spec = sum(1 for k in ks if k)
         # plain decodes share one pass; a drafting span has one of its own (llama.cpp's per-sequence streams)
         extra = 0 if self.one_pass else (spec if spec < decodes else spec - 1)
-        return self.cost.predict(decodes, sum(ks), extra, max(ks, default=0) if self.drafter.sequential else 0)
+        return self.cost.predict(decodes, sum(ks), extra, _draft_passes([(c.source, k) for c, k in zip(cands, ks)]))
 
     def _size(self, plan: StepPlan, cands: list[_Candidate]) -> None:
         """Draft tokens for each candidate: greedily, the best expected tokens per second first."""
@@ -205,7 +246,7 @@ class Speculator:
             return
         d = plan.num_decodes
         ks = [c.k for c in cands]
-        t = self._predict(d, ks)
+        t = self._predict(d, cands, ks)
         gain = float(d) + sum(sum(c.alpha ** j for j in range(1, c.k + 1)) for c in cands)
         # the latency target is the other streams' promise: a lone decode's step may run past it (it gets the tokens)
         limit = self.target_s if self.target_s is not None and d > 1 else float("inf")
@@ -219,7 +260,7 @@ class Speculator:
                 for m in range(c.k + 1, top + 1):
                     trial = ks.copy()
                     trial[i] = m
-                    t_new = self._predict(d, trial)
+                    t_new = self._predict(d, cands, trial)
                     g = sum(c.alpha ** j for j in range(c.k + 1, m + 1))
                     ratio = g / max(t_new - t, 1e-9)
                     if t_new <= limit and (best is None or ratio > best[0]):
@@ -242,10 +283,11 @@ class Speculator:
     def verified(self, seq: Sequence, bucket: int, drafted: int, accepted: int) -> None:
         """A span's drafts were checked: `accepted` of `drafted` kept."""
         rejected = 1.0 if accepted < drafted else 0.0
-        self._acc = [a * DECAY for a in self._acc]
-        self._rej = [r * DECAY for r in self._rej]
-        self._acc[bucket] += accepted
-        self._rej[bucket] += rejected
+        src = self.source(seq)
+        src.acc[:] = [a * DECAY for a in src.acc]
+        src.rej[:] = [r * DECAY for r in src.rej]
+        src.acc[bucket] += accepted
+        src.rej[bucket] += rejected
         st = self._seqs.get(seq.seq_id)
         if st is not None:
             st.acc[bucket] += accepted
@@ -264,11 +306,26 @@ class Speculator:
             self.counters.steps += 1
         spec = sum(1 for k in ks if k)
         extra = 0 if self.one_pass else (spec if spec < plan.num_decodes else spec - 1)
-        self.cost.observe(plan.num_decodes, sum(ks), extra, max(ks) if self.drafter.sequential else 0, seconds)
+        passes = _draft_passes([(self.source(s.seq), len(s.draft)) for s in plan.spans])
+        self.cost.observe(plan.num_decodes, sum(ks), extra, passes, seconds)
+
+    def rejected(self, seq: Sequence, num_computed: int) -> None:
+        """After verification: `seq` holds `num_computed` computed tokens; its drafter takes back the rest."""
+        self.source(seq).drafter.rejected(seq, num_computed)
 
     def forget(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
-        self.drafter.forget(seq_id)
+        for src in self._distinct():
+            src.drafter.forget(seq_id)
+
+
+def _draft_passes(ks: list[tuple[_Source, int]]) -> int:
+    """A draft model's passes in a step: its longest draft (its sequences draft together), summed over models."""
+    longest: dict[int, int] = {}
+    for src, k in ks:
+        if src.drafter.sequential:
+            longest[id(src)] = max(longest.get(id(src), 0), k)
+    return sum(longest.values())
 
 
 def make_speculator(mode: str, runner: Runner, policy: BudgetPolicy, draft: Runner | None) -> Speculator | None:

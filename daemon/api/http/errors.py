@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ...context import context
-from ...manager import Busy, LoadFailed, ManagerError, ShuttingDown
+from ...manager import Busy, LoadFailed, ManagerError, NotFound, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ def from_manager(exc: ManagerError) -> APIError:
         return APIError(503, SERVER_BUSY)
     if isinstance(exc, ShuttingDown):
         return APIError(503, str(exc))
+    if isinstance(exc, NotFound):
+        return APIError(404, str(exc))
     if isinstance(exc, LoadFailed):
         return APIError(400 if exc.model_fault else 500, str(exc))
     return APIError(400, str(exc))

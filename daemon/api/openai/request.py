@@ -32,6 +32,7 @@ class _OAICommon(RequestModel):
     priority: Any = None  # vLLM's extension: lower is scheduled sooner (prepare.request_priority)
     truncation: Any = None  # the Responses API's "auto" | "disabled": a prompt too long for the window is cut or a 400
     return_progress: Optional[StrictBool] = None  # llama-server's: prompt_progress chunks while the prompt goes in
+    draft_model: Any = None  # evenflow's: a draft model for this request (Ollama's options.draft_model)
 
 
 class OAIFunctionCall(RequestModel):

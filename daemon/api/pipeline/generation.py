@@ -17,7 +17,7 @@ from ..http.wire import Wire, streamed
 from . import overflow, prepare
 from .embedding import embed_ids
 from .engine_stream import Generation, Piece, collect_all, engine_stream
-from .options import requested_gpu
+from .options import requested_draft, requested_gpu
 from .plan import EmbedPlan, Plan
 from .prepare import Prepared
 
@@ -66,12 +66,15 @@ async def generate(request: Request, kind: Generate, req: Any, t0: int) -> Respo
         return answer
     plan = kind.plan(req)
     gpu = requested_gpu(getattr(req, "options", None))  # Ollama's load-time num_gpu / main_gpu (a 400 before loading)
+    draft = requested_draft(req)  # a draft model loaded beside the model for this request (a 400 before loading)
     ctx = context(request)
     if plan.load_only:
         return JSONResponse(await _load_only(ctx, kind, req.model, plan.keep_alive, gpu))
-    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=gpu)
+    lease = await ctx.manager.acquire(req.model, keep_alive=plan.keep_alive, num_ctx=plan.num_ctx, gpu=gpu,
+                                      draft=draft)
     try:
         prep = await ctx.workers.run(request, kind.prepare, lease.model, req, lease.num_ctx, *plan.args)
+        prep.params.draft_model = lease.draft_model  # the engine knows the draft model by its store name
         prep.progress = prep.progress and plan.stream  # progress is for streams only
         chunks = await engine_stream(request, lease, prep, kind.endpoint, t0)
     except BaseException:

@@ -50,6 +50,18 @@ def requested_gpu(options: dict[str, Any] | None) -> GpuOptions:
     return GpuOptions(**values)
 
 
+def requested_draft(req: Any) -> str | None:
+    """The draft model a request names: `options.draft_model` (Ollama's API) or the body's `draft_model` (/v1, an
+    extension the openai client sends with `extra_body`); a model name, or a 400."""
+    options = getattr(req, "options", None)
+    v = options.get("draft_model") if isinstance(options, dict) else getattr(req, "draft_model", None)
+    if v is None or v == "":
+        return None
+    if not isinstance(v, str):
+        raise APIError(400, f"option 'draft_model' must be a model name, got {json.dumps(v)[:100]}")
+    return v
+
+
 def sampling_params(options: dict[str, Any] | None, defaults: dict[str, Any] | None = None,
                     **overrides: Any) -> SamplingParams:
     """Ollama's precedence (built-in < model PARAMETERs < request options < explicit overrides); 400 on bad values."""

@@ -105,6 +105,7 @@ class _Source:
     drafter: Drafter
     acc: list[float] = field(default_factory=lambda: [a * PRIOR_WEIGHT for a in PRIOR_ALPHA])
     rej: list[float] = field(default_factory=lambda: [(1 - a) * PRIOR_WEIGHT for a in PRIOR_ALPHA])
+    drafted: int = 0  # draft tokens it proposed that were verified
 
 
 @dataclass
@@ -145,8 +146,10 @@ class Speculator:
         src = _Source(drafter)
         self._sources = {**self._sources, **{n: src for n in names if n}}
 
-    def has_drafter(self, name: str) -> bool:
-        return name in self._sources
+    def drafted_by(self, name: str) -> int:
+        """Draft tokens verified that the drafter under `name` proposed ("" = the default)."""
+        src = self._sources.get(name)
+        return src.drafted if src is not None else 0
 
     def source(self, seq: Sequence) -> _Source:
         """The drafter of `seq`: its request's draft model, else the default (the Modelfile's draft model is it)."""
@@ -288,6 +291,7 @@ class Speculator:
         src.rej[:] = [r * DECAY for r in src.rej]
         src.acc[bucket] += accepted
         src.rej[bucket] += rejected
+        src.drafted += drafted
         st = self._seqs.get(seq.seq_id)
         if st is not None:
             st.acc[bucket] += accepted

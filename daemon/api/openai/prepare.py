@@ -58,7 +58,7 @@ def openai_params(req: ChatCompletionRequest | CompletionRequest, model: LoadedM
                            temperature=1.0 if req.temperature is None else req.temperature,
                            top_p=1.0 if req.top_p is None else req.top_p,
                            frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-                           ignore_eos=req.ignore_eos)
+                           ignore_eos=req.ignore_eos, draft_num_predict=req.draft_num_predict)
 
 
 MAX_CHOICES = 8

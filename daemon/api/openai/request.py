@@ -33,6 +33,7 @@ class _OAICommon(RequestModel):
     truncation: Any = None  # the Responses API's "auto" | "disabled": a prompt too long for the window is cut or a 400
     return_progress: Optional[StrictBool] = None  # llama-server's: prompt_progress chunks while the prompt goes in
     draft_model: Any = None  # evenflow's: a draft model for this request (Ollama's options.draft_model)
+    draft_num_predict: Any = None  # draft tokens per step (Ollama's option): -1 adaptive, 0 none, N
 
 
 class OAIFunctionCall(RequestModel):

@@ -28,7 +28,7 @@ from .api.ollama import routes as ollama
 from .api.ollama.routes import VERSION
 from .api.openai import routes as openai
 from .api.responses import routes as responses
-from .config import Settings, exposure_error
+from .settings import Settings, exposure_error
 from .context import AppContext, Store
 from .discovery import MODEL_CHANGING, Advertiser
 from .events import EventHub

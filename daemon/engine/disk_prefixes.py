@@ -15,7 +15,7 @@ from typing import Any
 
 from ...backends.base import Runner
 from ...backends.common.memory import available_host_bytes
-from .kv import BlockManager, block_key
+from .blocks import BlockManager, block_key
 from .kv_disk import DiskKVCache, Entry, Restore, namespace_of
 
 log = logging.getLogger(__name__)

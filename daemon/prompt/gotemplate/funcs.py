@@ -9,7 +9,7 @@ import urllib.parse
 from typing import Any, Callable
 
 from .budget import TemplateBudgetExceeded, check_size, size_of
-from .errors import TemplateError
+from .template_error import TemplateError
 
 
 class GoValue:

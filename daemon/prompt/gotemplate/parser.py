@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .budget import cache_small
-from .errors import TemplateError
+from .template_error import TemplateError
 from .funcs import FUNCS, LAZY_FUNCS
 from .lexer import Tok, _Raw, _lex
 

@@ -15,6 +15,7 @@ import pytest
 
 from evenflow.backends.base import RunnerSettings, load_runner
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
+from evenflow.daemon.engine.draft_cost import DraftCost
 from evenflow.daemon.engine.grammar import grammar_for_format
 from evenflow.daemon.engine.blocks import blocks_for
 from evenflow.daemon.engine.ngram import lookup
@@ -165,9 +166,11 @@ def test_draft_num_predict_0_never_drafts() -> None:
     assert final.metrics.draft_tokens > 0
 
 
-def _sized(kept: int, step_s: float, per_draft_s: float, target_ms: float = 150.0, streams: int = 1) -> int:
+def _sized(kept: int, step_s: float, per_draft_s: float, target_ms: float = 150.0, streams: int = 1,
+           jump_s: float = 0.0) -> int:
     """The draft tokens the speculator gives `streams` decodes once it has measured steps costing `step_s` plus
-    `per_draft_s` a draft token, and drafts of 5 tokens of which `kept` were kept (5: all, 4: 80%, 0: none)."""
+    `per_draft_s` a draft token (and `jump_s` more from 5 tokens in the step on), and drafts of 5 tokens of which
+    `kept` were kept (5: all, 4: 80%, 0: none)."""
     engine = toy_engine(target_itl_ms=target_ms, budget=256)
     spec = engine.spec
     subs = [engine.submit(PROMPTS[i][:10] * 6, SamplingParams(temperature=0, num_predict=100, draft_num_predict=0),
@@ -179,8 +182,8 @@ def _sized(kept: int, step_s: float, per_draft_s: float, target_ms: float = 150.
         for _ in range(30):
             spec.verified(q, 4, 5, kept)
     for d in (1, 2):
-        for k in (0, 0, 2, 4, 8, 0, 6, 1):
-            spec.cost.observe(d, k, 0, 0, step_s + per_draft_s * k)
+        for k in (0, 0, 2, 4, 8, 0, 6, 1, 3, 5) if jump_s else (0, 0, 2, 4, 8, 0, 6, 1):
+            spec.cost.observe(d, k, 0, 0, step_s + per_draft_s * k + (jump_s if d + k >= 5 else 0.0))
     plan = engine.scheduler.schedule()
     spec.drafter.offer = lambda s, cap: (cap, 4)  # a match of 4+ tokens, as long as allowed
     spec.drafter.draft = lambda wants: [[7] * k for _, k in wants]
@@ -201,6 +204,22 @@ def test_adaptive_draft_size_follows_acceptance_and_cost() -> None:
     assert _sized(4, 0.020, 0.030) == 0
     assert _sized(5, 0.020, 0.015, target_ms=60, streams=2) <= 2  # 0.020 + 0.015 * k <= 0.060
     assert _sized(5, 0.020, 0.002, target_ms=30) == long  # alone: its own tokens per second decide
+
+
+def test_a_step_in_the_kernels_cost_is_learned_and_avoided() -> None:
+    """llama.cpp's CPU kernels: Gemma 3 270M's step with 5 logits rows cost 2.2 decodes, with 4 rows 1.5 (its
+    262k-row output matrix). A line through such costs mispredicts both sides; the per-count residuals do not, and
+    the drafts stop below the step unless enough tokens past it pay for it."""
+    def t(k: int) -> float:
+        return 0.020 * (1 + 0.15 * k + (0.7 if k >= 4 else 0))
+    cost = DraftCost()
+    for _ in range(6):
+        for k in (0, 1, 2, 3, 4, 5, 6, 8):
+            cost.observe(1, k, 0, 0, t(k))
+    for k in (0, 1, 2, 3, 4, 5, 6, 8):
+        assert cost.predict(1, k, 0) == pytest.approx(t(k), rel=0.08), k
+    assert _sized(4, 0.020, 0.003, jump_s=0.014) == 3  # 80% kept: the 4th token is not worth 0.7 of a decode
+    assert _sized(5, 0.020, 0.001, jump_s=0.014) == 16  # all kept and cheap: 12 more tokens pay for the step
 
 
 # ---- real backends: a model that repeats itself, so drafts are kept, and one that does not ----

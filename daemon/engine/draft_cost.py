@@ -8,6 +8,10 @@ several tokens as a pass of its own unless it is the step's only span, so a draf
 weights on top of its rows. `draft_passes` are a draft model's forward passes (one per draft position, shared by
 the sequences drafting). Until drafts have been measured, c and g are pulled towards half and most of a decode's
 cost (a ridge prior of about two steps' weight), so the first drafts are sized conservatively and then measured.
+
+A line misses the kernels' steps: on llama.cpp's CPU backend a Gemma 3 step with 5 logits rows cost 2.2 decodes and
+one with 4 rows 1.5 (its 262k-row output matrix; docs/bench/speculative.md). So each count of tokens in a step keeps
+the mean of what the line missed at that count (its residual), added to the line's prediction there.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import numpy as np
 # a draft row, an extra pass and a draft model's pass, as fractions of one decode step's time
 PRIOR_ROW, PRIOR_PASS, PRIOR_DRAFT_PASS = 0.5, 0.8, 0.5
 N = 5
+REFIT_EVERY = 4  # observations between least-squares fits (a fit costs about a millisecond of Python)
+RESIDUAL_PRIOR = 1.0  # a residual is shrunk towards 0 as if by this many (weighted) observations of 0
 
 
 class DraftCost:
@@ -25,11 +31,13 @@ class DraftCost:
         self._x: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
         self._y: collections.deque[float] = collections.deque(maxlen=window)
         self.decay = decay
-        self.coef: np.ndarray | None = None  # (a, b, c, g, h)
+        self.coef: tuple[float, ...] | None = None  # (a, b, c, g, h)
+        self._new = 0  # observations since the last fit
+        self._residual: dict[int, float] = {}  # tokens in the step -> mean of (seconds - the line's prediction)
 
     @property
     def ready(self) -> bool:
-        return self.coef is not None
+        return len(self._y) >= 3
 
     def observe(self, decodes: int, drafts: int, extra_passes: int, draft_passes: int, seconds: float) -> None:
         """A finished step that carried `decodes` decodes (and no prompt chunk) with `drafts` draft tokens."""
@@ -37,13 +45,18 @@ class DraftCost:
             return
         self._x.append((1.0, float(decodes), float(drafts), float(extra_passes), float(draft_passes)))
         self._y.append(seconds)
-        if len(self._y) >= 3:
-            self._fit()
+        self._new += 1
 
     def predict(self, decodes: int, drafts: int, extra_passes: int, draft_passes: int = 0) -> float:
+        if self._new and (self.coef is None or self._new >= REFIT_EVERY) and self.ready:
+            self._fit()
         if self.coef is None:
             return 0.0
-        return float(self.coef @ np.array([1.0, decodes, drafts, extra_passes, draft_passes]))
+        t = self._line((1.0, decodes, drafts, extra_passes, draft_passes)) + self._residual.get(decodes + drafts, 0.0)
+        return max(t, 0.0)
+
+    def _line(self, x: tuple[float, ...]) -> float:
+        return sum(c * v for c, v in zip(self.coef, x))  # type: ignore[arg-type]
 
     def _fit(self) -> None:
         X, y = np.array(self._x), np.array(self._y)
@@ -62,4 +75,9 @@ class DraftCost:
             if not (sol < 0).any():
                 break
             keep &= sol >= 0
-        self.coef = np.maximum(sol, 0.0)
+        coef = np.maximum(sol, 0.0)
+        self.coef = tuple(float(v) for v in coef)
+        self._new = 0
+        miss, count = y - X @ coef, X[:, 1] + X[:, 2]
+        self._residual = {int(n): float(np.sum(w[m] * miss[m]) / (np.sum(w[m]) + RESIDUAL_PRIOR))
+                          for n in np.unique(count) if (m := count == n).any()}

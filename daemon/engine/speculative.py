@@ -40,6 +40,7 @@ PRIOR_ALPHA = (0.6, 0.3, 0.45, 0.6, 0.7)
 PRIOR_WEIGHT = 2.0
 SEQ_WEIGHT = 3.0  # the engine-wide rate counts as this many drafts in a sequence's own estimate
 DECAY = 0.98  # engine-wide counts fade, so the rate follows what the model is being asked now
+LOOKAHEAD = 4  # draft tokens past a sequence's current ones weighed together (a cost step can hide behind one)
 PROBE_EVERY = 32  # a sequence not drafting for this many steps tries one token on a match of 2+ (rates change)
 
 
@@ -258,8 +259,9 @@ class Speculator:
             for i, c in enumerate(cands):
                 if c.fixed or c.k >= c.cap:
                     continue
-                # a sequence's first draft tokens may open a pass of their own: weigh them as one bundle
-                top = min(c.cap, c.k + rows_left, c.k + tokens_left) if c.k == 0 else c.k + 1
+                # a sequence's first draft tokens may open a pass of their own, and a few tokens more may cross a
+                # step in the kernels' cost (DraftCost's residuals): weigh them as one bundle
+                top = min(c.cap, c.k + rows_left, c.k + tokens_left, c.k + LOOKAHEAD if c.k else c.cap)
                 for m in range(c.k + 1, top + 1):
                     trial = ks.copy()
                     trial[i] = m

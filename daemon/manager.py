@@ -472,6 +472,8 @@ class ModelManager:
         if model.backend != "llamacpp":
             raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: draft models run on the llama.cpp "
                               f"backend only (this model runs on {model.backend})")
+        if model.settings is None:  # a model handed to the manager already loaded (tests): no settings to copy
+            raise CannotServe(f"model {model.name!r} cannot load a draft model beside it")
         if (why := model.engine.cannot_draft()) is not None:
             raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: {why}")
         key = (id(model), record.name)
@@ -482,7 +484,6 @@ class ModelManager:
                 continue
             fut = self._draft_loading[key] = asyncio.get_running_loop().create_future()
             try:
-                assert model.settings is not None
                 draft = await self._open_draft(model.name, model.runner, model.settings, record, name)
                 if self.models.get(model.name) is not model:  # the daemon stopped meanwhile
                     await asyncio.to_thread(draft.close)

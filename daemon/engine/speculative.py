@@ -14,7 +14,9 @@ How many tokens to draft is decided each step: every candidate draft token j of 
 expected tokens (alpha, its measured acceptance rate, per source: the n-gram match length or the draft model),
 and costs what `DraftCost` measured; tokens are added while they raise the step's tokens per second, within the
 latency target, the KV blocks and the runner's logits rows. A step that carries a prompt chunk carries no drafts:
-the chunk was sized to fill the latency target, and decodes are never slowed for a guess.
+the chunk was sized to fill the latency target, and decodes are never slowed for a guess. Each request drafts with
+its own drafter: the model's default (prompt lookup, or its Modelfile's draft model) or a draft model it named
+(`add_drafter`), each with acceptance rates of its own.
 """
 from __future__ import annotations
 

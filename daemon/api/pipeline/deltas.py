@@ -77,7 +77,7 @@ class Output(Protocol):
 async def collect(deltas: AsyncIterator[Delta], n: int) -> list[Generation]:
     """Every choice's whole output from its deltas."""
     gens = [Generation() for _ in range(n)]
-    for d in [d async for d in deltas]:
+    async for d in deltas:
         if d.progress is not None:
             continue
         g = gens[d.index]

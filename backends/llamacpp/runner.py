@@ -18,14 +18,13 @@ import logging
 import os
 import time
 
-import llama_cpp
 import numpy as np
-import llama_cpp.llama_cpp as L
 
 from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common.memory import host_kv_budget, plan_kv
 from . import amx, load_probe, offload
 from .embedder import Embedder
+from .lib import L, llama_cpp
 from .gguf_info import GGUFHeader, is_mla, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
 from .prefix import PrefixCells

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-# The Llama decoder family torch and MLX implement themselves (backends/common/config.py, backends/*/models/llama.py);
-# llama.cpp also runs the sliding-window (gemma3, gpt-oss), MoE, MLA and hybrid recurrent families.
+# The Llama decoder family torch and MLX implement themselves (common/model_args.py, backends/*/models/llama.py);
+# llama.cpp also runs the sliding-window (gemma3, gpt-oss), MoE (qwen3moe, gpt-oss, deepseek2), MLA (deepseek2) and
+# hybrid recurrent (lfm2, qwen35, ...) families, which reach torch and MLX never.
 LLAMA_DECODERS = ("llama", "mistral", "qwen2", "qwen3")
 FORMAT_NAMES = {"gguf": "a GGUF file", "safetensors": "a safetensors folder"}  # choice.model_format's words
 

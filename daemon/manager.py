@@ -19,7 +19,7 @@ from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSe
 from ..backends.choice import model_format, total_vram
 from ..backends.registry import backend_spec, specs
 from ..backends.common.gpu_plan import default_context_length
-from .config import FOREVER, Settings
+from .settings import FOREVER, Settings
 from .engine.draft_model import DraftVocabMismatch, check_vocab
 from .engine.engine import Engine, EngineConfig
 from .engine.kv_disk import DiskKVCache

@@ -20,7 +20,7 @@ import struct
 
 from .lib import L
 
-from ..common.memory import available_host_bytes
+from ..common.kv_plan import available_host_bytes
 from .checkpoints import Checkpoints
 from .native import take_recent_errors
 

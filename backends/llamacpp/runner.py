@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, RunnerSettings
-from ..common.memory import host_kv_budget, plan_kv
+from ..common.kv_plan import host_kv_budget, plan_kv
 from . import amx, load_probe, offload
 from .embedder import Embedder
 from .lib import L, llama_cpp

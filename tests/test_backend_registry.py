@@ -14,7 +14,7 @@ from evenflow.backends.base import KV_CACHE_TYPES, RunnerSettings, UnsupportedAr
 from evenflow.backends.choice import Machine, backends_for, choose_backend, total_vram
 from evenflow.backends.registry import LLAMA_DECODERS, backend_names, backend_spec, specs
 from evenflow.backends.synthetic.archs import GGUF_ONLY
-from evenflow.daemon.config import load_settings
+from evenflow.daemon.settings import load_settings
 from evenflow.daemon.manager import LoadFailed, ModelManager, ModelRecord
 
 from toy_runner import ToyRunner

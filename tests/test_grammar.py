@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from evenflow.backends.base import GrammarVocab, RunnerSettings, load_runner, special_piece
+from evenflow.backends.base import GrammarVocab, RunnerSettings, load_runner
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
 from evenflow.daemon.engine.grammar import GrammarCompiler, GrammarError, grammar_for_format, mask_rows
 
-from toy_runner import EOS, ByteTokenizer, ToyRunner
+from toy_runner import EOS, ToyRunner
 
 needs_llama = pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="llama-cpp-python not installed")
 needs_mlx = pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")

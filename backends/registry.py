@@ -22,6 +22,7 @@ class BackendSpec:
 
     name: str  # EVENFLOW_BACKEND's word for it
     package: str  # the Python package it needs (`auto` looks for it without importing it)
+    title: str  # its name in prose ("llama.cpp")
     # (model_path, RunnerSettings) -> Runner; imports the backend's heavy modules on the first call
     load: Callable[[str, Any], Any]
     # total memory of the GPU(s) the backend would use, 0 without one; imports the backend (called once per process)

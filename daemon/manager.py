@@ -412,7 +412,7 @@ class ModelManager:
         spec = backend_spec(backend)
         if not spec.draft_model:
             raise LoadFailed(f"model {record.name!r} names the draft model {name!r}, but draft models run on the "
-                             f"{' and '.join(s.name for s in specs() if s.draft_model)} backend only (this model runs "
+                             f"{' and '.join(s.title for s in specs() if s.draft_model)} backend only (this model runs "
                              f"on {backend})", model_fault=True)
         try:
             draft_record = self.resolve(name)

@@ -149,7 +149,7 @@ def test_a_draft_model_on_a_backend_that_runs_none_is_refused_naming_the_one_tha
     mgr, calls = _manager(tmp_path, name, params={"draft_model": "small"})
 
     async def run():
-        with pytest.raises(LoadFailed, match=f"draft models run on the llamacpp backend only .this model runs on "
+        with pytest.raises(LoadFailed, match=f"draft models run on the llama.cpp backend only .this model runs on "
                                              f"{name}"):
             await mgr.acquire("m")
         await mgr.shutdown()

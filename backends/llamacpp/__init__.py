@@ -20,6 +20,6 @@ def _probe_vram() -> int:
 
 
 register_backend(BackendSpec(
-    name="llamacpp", package="llama_cpp", load=_load, probe_vram=_probe_vram, formats=("gguf",),
+    name="llamacpp", package="llama_cpp", title="llama.cpp", load=_load, probe_vram=_probe_vram, formats=("gguf",),
     architectures=None,  # every architecture its build knows: its loader names one it does not
     preference=0, vision=True, kv_cache_types=("auto", "f16", "q8_0", "q4_0"), draft_model=True))

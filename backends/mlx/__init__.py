@@ -19,5 +19,5 @@ def _probe_vram() -> int:
 
 
 register_backend(BackendSpec(
-    name="mlx", package="mlx", load=_load, probe_vram=_probe_vram, formats=("gguf", "safetensors"), architectures=LLAMA_DECODERS,
-    preference=1, apple_silicon_only=True))
+    name="mlx", package="mlx", title="MLX", load=_load, probe_vram=_probe_vram, formats=("gguf", "safetensors"),
+    architectures=LLAMA_DECODERS, preference=1, apple_silicon_only=True))

@@ -19,5 +19,5 @@ def _probe_vram() -> int:
 
 
 register_backend(BackendSpec(
-    name="torch", package="torch", load=_load, probe_vram=_probe_vram, formats=("gguf", "safetensors"), architectures=LLAMA_DECODERS,
-    preference=2, gpu_device="cuda:{}"))
+    name="torch", package="torch", title="torch", load=_load, probe_vram=_probe_vram, formats=("gguf", "safetensors"),
+    architectures=LLAMA_DECODERS, preference=2, gpu_device="cuda:{}"))

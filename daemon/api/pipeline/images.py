@@ -153,8 +153,9 @@ def check_vision(model: Any, name: str) -> None:
     if model.runner.vision is not None:
         return
     if model.record.projector:
-        vision = [s.name for s in specs() if s.vision]
-        reason = model.runner.vision_error or (f"the {model.backend} backend does not run vision models; "
-                                               f"{' and '.join(vision)} does (EVENFLOW_BACKEND={vision[0]})")
+        vision = [s for s in specs() if s.vision]
+        reason = model.runner.vision_error or (f"the {model.backend} backend does not run vision models; the "
+                                               f"{' and '.join(s.title for s in vision)} backend does "
+                                               f"(EVENFLOW_BACKEND={vision[0].name})")
         raise APIError(501 if model.runner.vision_error else 400, f"model '{name}' cannot take images here: {reason}")
     raise APIError(400, f"model '{name}' does not support images")

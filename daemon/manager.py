@@ -362,7 +362,7 @@ class ModelManager:
                             projector_path=record.projector if spec.vision else None)
         if s.kv_cache_type not in spec.kv_cache_types:
             log.warning("OLLAMA_KV_CACHE_TYPE=%s applies to the %s backend only; %s keeps its own KV type",
-                        s.kv_cache_type, " and ".join(b.name for b in specs() if s.kv_cache_type in b.kv_cache_types),
+                        s.kv_cache_type, " and ".join(b.title for b in specs() if s.kv_cache_type in b.kv_cache_types),
                         backend)
         t0 = time.perf_counter_ns()
         log.info("loading %s from %s with %s (num_ctx %d, slots %s)", record.name, record.path, backend, want,

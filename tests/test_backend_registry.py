@@ -35,6 +35,7 @@ def test_every_backend_declares_itself_once():
     for s in specs():
         assert s.formats and set(s.formats) <= {"gguf", "safetensors"}
         assert set(s.kv_cache_types) <= set(KV_CACHE_TYPES) and {"auto", "f16"} <= set(s.kv_cache_types)
+    assert backend_spec("llamacpp").kv_cache_types == KV_CACHE_TYPES  # every RunnerSettings.kv_cache_type
     with pytest.raises(ValueError, match="unknown backend 'tensorrt'; available: llamacpp, mlx, torch"):
         backend_spec("tensorrt")
 
@@ -184,7 +185,8 @@ def test_no_module_switches_on_a_backend_name_outside_its_package():
         rel = path.relative_to(ROOT)
         if rel.parts[0] in ("tests", "docs") or any(path.is_relative_to(p) for p in BACKEND_PACKAGES):
             continue
-        found += [f"{rel}:{line}: compares with {name!r}" for line, name in _names_compared(ast.parse(path.read_text()))]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{rel}:{line}: compares with {name!r}" for line, name in _names_compared(tree)]
     assert not found, "ask the backend's BackendSpec (backends/registry.py) instead:\n" + "\n".join(found)
 
 

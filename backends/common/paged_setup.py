@@ -64,7 +64,8 @@ def plan_pool(args: ModelArgs, settings: RunnerSettings, elem_bytes: int, budget
     return PagedPool(layers, settings.block_size, n_kv, hd, blocks, seqs, context, block_bytes)
 
 
-def log_loaded(log: logging.Logger, backend: str, model_path: str, runner: Any, pool: PagedPool, seconds: float) -> None:
+def log_loaded(log: logging.Logger, backend: str, model_path: str, runner: Any, pool: PagedPool,
+               seconds: float) -> None:
     log.info("%s runner: %s (%s, %s) on %s/%s, %d KV blocks x %d tokens (%.1f MiB), loaded in %.2fs", backend,
              model_path, runner.info.architecture, runner.info.file_type, runner.device, runner.dtype,
              pool.num_kv_blocks, pool.block_size, pool.mib, seconds)

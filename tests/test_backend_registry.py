@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evenflow.backends.base import KV_CACHE_TYPES, RunnerSettings, UnsupportedArchitecture, load_runner
+from evenflow.backends.base import (KV_CACHE_TYPES, GrammarVocab, RunnerSettings, Tokenizer, UnsupportedArchitecture,
+                                    load_runner)
 from evenflow.backends.choice import Machine, backends_for, choose_backend, total_vram
 from evenflow.backends.registry import LLAMA_DECODERS, backend_names, backend_spec, specs
 from evenflow.backends.synthetic.archs import GGUF_ONLY
@@ -57,6 +58,9 @@ def test_a_runner_does_what_its_backend_declares(name, synthetic_model):
         try:
             assert runner.backend == name and runner.can_rollback == spec.rollback
             assert runner.info.architecture in (spec.architectures or (runner.info.architecture,))
+            tok = runner.tokenizer  # the whole Tokenizer contract, called directly by the engine and the API
+            assert isinstance(tok, Tokenizer) and isinstance(tok.grammar_vocab(), GrammarVocab)
+            assert tok.eos_id in tok.eos_ids and tok.id_to_piece(tok.eos_id)
         finally:
             runner.close()
 

@@ -207,13 +207,14 @@ class ModelManager:
         for m in self.models.values():
             m.engine.subscribe(fn)
 
-    async def acquire(self, name: str, *, keep_alive: float | None = None, num_ctx: int | None = None,
+    async def acquire(self, name: str | ModelRecord, *, keep_alive: float | None = None, num_ctx: int | None = None,
                       gpu: GpuOptions | None = None) -> Lease:
-        """Resolve, load if needed (shared), and hold `name` for one request whose sequence gets `num_ctx` tokens
-        (None: the model's default window; the lease says which); a ManagerError (or the resolver's) on failure."""
+        """Resolve (unless given the record the request resolved already), load if needed (shared), and hold `name`
+        for one request whose sequence gets `num_ctx` tokens (None: the model's default window; the lease says
+        which); a ManagerError (or the resolver's) on failure."""
         if self._closing:
             raise ShuttingDown("server is shutting down")
-        record = self.resolve(name)
+        record = name if isinstance(name, ModelRecord) else self.resolve(name)
         if record.remote is not None:
             raise CannotServe(f"model '{record.name}' is a remote model; this endpoint cannot serve it")
         check_num_ctx(record.name, num_ctx, record.context_length)  # before anything loads

@@ -7,6 +7,7 @@ torch, mlx or llama_cpp.
 from __future__ import annotations
 
 import abc
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -364,6 +365,9 @@ def load_runner(backend: str, model_path: str, settings: RunnerSettings) -> Runn
     spec = backend_spec(backend)  # ValueError naming the registered ones
     if (reason := unsupported(backend, model_path)) is not None:
         raise UnsupportedArchitecture(reason)
+    if importlib.util.find_spec(spec.package) is None:  # `auto` may pick a backend for a format nothing installed reads
+        raise ModelLoadError(f"{model_path}: the {spec.title} backend needs the Python package {spec.package!r}, "
+                             "which is not installed")
     return spec.load(model_path, settings)
 
 

@@ -77,6 +77,19 @@ def test_a_backend_refuses_an_architecture_it_does_not_declare_naming_who_runs_i
         assert f"{arch} runs on: llamacpp" in str(e.value) and backends_for(arch) == ["llamacpp"]
 
 
+def test_a_backend_whose_package_is_missing_says_so(synthetic_model, monkeypatch):
+    """`auto` may pick a backend nothing installed provides (an HF folder with only llama.cpp): a clear load error,
+    never a ModuleNotFoundError out of the loader."""
+    from evenflow.backends.base import ModelLoadError
+
+    hf = str(synthetic_model("tiny", formats=("hf",))["hf"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    with pytest.raises(ModelLoadError, match="the torch backend needs the Python package 'torch', which is not "
+                                             "installed"):
+        load_runner("torch", hf, SETTINGS)
+
+
 @pytest.mark.skipif("llamacpp" not in INSTALLED, reason="llama_cpp not installed")
 def test_llamacpp_honours_the_kv_cache_types_it_declares(synthetic_model):
     gguf = str(synthetic_model("tiny", "llama", formats=("gguf",), head_dim=32)["gguf"])  # q8_0 packs 32 values

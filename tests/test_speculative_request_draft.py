@@ -111,7 +111,7 @@ def test_bad_draft_models_per_request_are_clear_errors(daemon: Daemon, synthetic
         oai.completions.create(model="plain", prompt="hi", max_tokens=2, extra_body={"draft_model": "nowhere"})
     upload_folder(daemon.url, Path(synthetic_model("tiny", "llama", formats=("hf",), seed=3)["hf"]), "st")
     r = post("plain", "st")
-    assert r.status_code == 400 and "must be a GGUF model" in r.json()["error"], r.text
+    assert r.status_code == 400 and "must be a GGUF file" in r.json()["error"], r.text
     r = post("st", "small")  # the model runs on torch here
     assert r.status_code == 400 and "llama.cpp backend only" in r.json()["error"], r.text
     # nothing was lost: the model still serves, with and without its loaded draft model

@@ -90,6 +90,7 @@ class LoadedModel:
     draft: Runner | None = None  # the draft model's runner (speculative decoding, Modelfile DRAFT)
     settings: RunnerSettings | None = None  # what the runner loaded with (a request's draft model loads alike)
     drafts: dict[str, Runner] = field(default_factory=dict)  # draft models requests named, by store name
+    draft_name: str = ""  # the store name of `draft`
     vram_default: int = 4096  # Ollama's default num_ctx for the GPU memory this model runs with
     active: int = 0
     keep_alive: float = 300.0
@@ -411,7 +412,8 @@ class ModelManager:
         engine.start()
         size = _memory_size(record, runner) + (draft[1] if draft is not None else 0)
         model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, size,
-                            backend, gpu, draft[0] if draft is not None else None, rs, vram_default=vram_default)
+                            backend, gpu, draft[0] if draft is not None else None, rs,
+                            draft_name=draft[2] if draft is not None else "", vram_default=vram_default)
         for fn in self._listeners:
             engine.subscribe(fn)
         self._notify({"type": "model", "event": "loaded", "model": record.name, "backend": backend,
@@ -423,9 +425,9 @@ class ModelManager:
         return model
 
     async def _load_draft(self, record: ModelRecord, backend: str, runner: Runner,
-                          rs: RunnerSettings) -> tuple[Runner, int] | None:
-        """The model's draft model (PARAMETER draft_model, from the Modelfile's DRAFT) and its memory; None when it
-        names none. LoadFailed (the model's fault) for a draft that cannot serve it."""
+                          rs: RunnerSettings) -> tuple[Runner, int, str] | None:
+        """The model's draft model (PARAMETER draft_model, from the Modelfile's DRAFT), its memory and store name;
+        None when it names none. LoadFailed (the model's fault) for a draft that cannot serve it."""
         name = record.params.get("draft_model")
         if not name:
             return None
@@ -440,7 +442,7 @@ class ModelManager:
             raise LoadFailed(f"the draft model {name!r} of {record.name!r}: {e}", model_fault=True) from None
         draft = await self._open_draft(record.name, backend, runner, rs, draft_record, name)
         log.info("%s drafts with %s", record.name, name)
-        return draft, _memory_size(draft_record, draft)
+        return draft, _memory_size(draft_record, draft), draft_record.name
 
     async def _open_draft(self, target: str, backend: str, runner: Runner, rs: RunnerSettings,
                           draft_record: ModelRecord, name: str) -> Runner:
@@ -474,9 +476,8 @@ class ModelManager:
             if getattr(e, "status", None) == 404:
                 raise NotFound(f"draft model {name!r} not found") from None
             raise
-        own = model.record.params.get("draft_model")
-        if model.draft is not None and own and record.name in (own, self.resolve(own).name):
-            return ""
+        if model.draft is not None and record.name == model.draft_name:
+            return ""  # the model's own (Modelfile) draft model: the default drafter
         if not backend_spec(model.backend).draft_model:
             raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: draft models run on the "
                               f"{' and '.join(s.title for s in specs() if s.draft_model)} backend only (this model "

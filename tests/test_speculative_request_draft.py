@@ -129,3 +129,22 @@ def test_the_drafts_unload_with_the_model(daemon: Daemon) -> None:
     client.generate(model="plain", prompt="", keep_alive=0)  # Ollama's unload
     assert "plain:latest" not in daemon.ctx.manager.models
     assert all(r.llama_context is None for r in drafts)  # closed
+
+
+def test_a_modelfile_draft_stays_the_default_beside_requested_ones(daemon: Daemon) -> None:
+    r = httpx.post(daemon.url + "/api/create", json={"model": "plain-drafted", "from": "plain",
+                                                     "parameters": {"draft_model": "small"}, "stream": False},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    client = ollama.Client(host=daemon.url, timeout=120)
+    want = greedy(client, PROMPTS[1], draft_num_predict=0).response
+
+    def drafted(**options: object) -> str:
+        return client.generate(model="plain-drafted", prompt=PROMPTS[1], raw=True, options={
+            "temperature": 0, "num_predict": 40, "draft_num_predict": 3, **options}).response
+
+    assert drafted() == drafted(draft_model="small:latest") == drafted(draft_model="small2") == want
+    loaded = daemon.ctx.manager.models["plain-drafted:latest"]
+    assert loaded.draft is not None and set(loaded.drafts) == {"small2:latest"}  # its own is not loaded twice
+    spec = loaded.engine.spec
+    assert spec.drafted_by("") > 0 and spec.drafted_by("small2:latest") > 0

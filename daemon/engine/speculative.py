@@ -144,6 +144,11 @@ class Speculator:
         """The default drafter."""
         return self._sources[""].drafter
 
+    @drafter.setter
+    def drafter(self, drafter: Drafter) -> None:
+        """Replace the default drafter (before the engine runs: tests give it an oracle)."""
+        self._sources = {**self._sources, "": _Source(drafter)}
+
     def add_drafter(self, names: list[str], drafter: Drafter) -> None:
         """Requests whose `draft_model` is one of `names` draft with `drafter` from the next step on."""
         src = _Source(drafter)

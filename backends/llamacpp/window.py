@@ -24,7 +24,7 @@ from typing import Iterable
 
 import llama_cpp.llama_cpp as L
 
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, State, state_pointer
 from .native import take_recent_errors
 from .recurrent import pack_prefix, unpack_prefix
 
@@ -154,9 +154,8 @@ class SlidingWindow:
         got = L.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags)
         return ctypes.string_at(buf, got) if got else None
 
-    def load(self, seq: int, data: bytes, flags: int = WINDOW_ONLY) -> bool:
-        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data_ext(self._ctx, src, len(data), seq, flags) == len(data):
+    def load(self, seq: int, data: State, flags: int = WINDOW_ONLY) -> bool:
+        if L.llama_state_seq_set_data_ext(self._ctx, state_pointer(data), len(data), seq, flags) == len(data):
             return True
         if flags == WINDOW_ONLY:
             raise RuntimeError(f"llama.cpp did not take a window back into sequence {seq}: "
@@ -214,7 +213,7 @@ class SlidingWindow:
                 windows.append((k - 1, data))
         return pack_prefix(full, windows)
 
-    def restore(self, seq: int, data: bytes, blocks: list[int], stored_blocks: int) -> bool:
+    def restore(self, seq: int, data: State, blocks: list[int], stored_blocks: int) -> bool:
         """`export`'s bytes into the empty `seq`, cut back to len(blocks); its windows kept as checkpoints. False:
         nothing a hit could resume from (the sequence is left for the caller to clear)."""
         parts = unpack_prefix(data)
@@ -234,7 +233,7 @@ class SlidingWindow:
         return bool(kept) or self.covers(seq, n)
 
     # ---- checkpoints ----
-    def put(self, block: int, data: bytes) -> None:
+    def put(self, block: int, data: State) -> None:
         self._points.put(block, data, max(MIN_BUDGET, BUDGET_WINDOWS * len(data)))
 
     def drop(self, blocks: list[int]) -> None:

@@ -20,7 +20,7 @@ GGUF_MAGIC = b"GGUF"
 # implement the Llama decoder family themselves (backends/*/models/llama.py); llama.cpp also runs the sliding-window
 # (gemma3, gpt-oss), MoE (qwen3moe, gpt-oss, deepseek2), MLA (deepseek2) and hybrid recurrent (lfm2, qwen35, ...)
 # families, which reach torch and MLX never.
-LLAMA_DECODERS = ("llama", "mistral", "qwen2", "qwen3")  # common.config.SUPPORTED_ARCHITECTURES
+LLAMA_DECODERS = ("llama", "mistral", "qwen2", "qwen3")  # common.model_args.SUPPORTED_ARCHITECTURES
 BACKEND_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
     "llamacpp": None,
     "torch": LLAMA_DECODERS,

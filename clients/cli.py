@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import httpx
 
 from .. import __version__, tui
-from ..daemon.config import SETTINGS, ConfigError, load_settings
+from ..daemon.settings import SETTINGS, ConfigError, load_settings
 from ..link import connect
 from ..link.discover import DiscoveryError
 from . import lan_cli, run, service, transfer

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from ..daemon.config import parse_go_duration
+from ..daemon.settings import parse_go_duration
 from .common import CLIError, check, daemon_client
 from .repl import Repl
 from .session import Session, ensure_model, print_timings, stream_reply

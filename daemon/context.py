@@ -10,7 +10,7 @@ from typing import Any, AsyncIterable, Callable, Iterator, Protocol, TypeVar
 
 from starlette.requests import HTTPConnection
 
-from .config import Settings
+from .settings import Settings
 from .discovery import Advertiser
 from .events import EventHub
 from .manager import ModelManager, ModelRecord

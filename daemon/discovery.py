@@ -9,7 +9,7 @@ import time
 from importlib import metadata
 from typing import Any, Callable
 
-from .config import Settings
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The event hub: what the engines, the model manager and the API publish (any thread) fanned out to /api/events
-subscribers on the event loop, coalesced and bounded per reader. The route that streams it is api/http/events.py."""
+subscribers on the event loop, coalesced and bounded per reader. The route that streams it is api/http/event_routes.py."""
 from __future__ import annotations
 
 import asyncio

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
 from ..backends.choice import total_vram
 from ..backends.common.gpu_plan import default_context_length
-from .config import FOREVER, Settings
+from .settings import FOREVER, Settings
 from .engine.draft_model import DraftVocabMismatch, check_vocab
 from .engine.engine import Engine, EngineConfig
 from .engine.kv_disk import DiskKVCache

@@ -14,9 +14,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from ..backends import gpu_report
-from . import memory
+from . import heap
 from .api.anthropic import routes as anthropic
-from .api.http import events as events_api
+from .api.http import event_routes as events_api
 from .api.http.access_log import AccessLogMiddleware
 from .api.http.errors import install_handlers
 from .api.http.guard import GuardMiddleware
@@ -28,7 +28,7 @@ from .api.ollama import routes as ollama
 from .api.ollama.routes import VERSION
 from .api.openai import routes as openai
 from .api.responses import routes as responses
-from .config import Settings, exposure_error
+from .settings import Settings, exposure_error
 from .context import AppContext, Store
 from .discovery import MODEL_CHANGING, Advertiser
 from .events import EventHub
@@ -90,7 +90,7 @@ def create_app(settings: Settings, store: Store | None = None, manager: ModelMan
                 log.warning("could not create the demo model", exc_info=True)
         for w in ctx.warnings:
             log.warning(w)
-        trimmer = asyncio.create_task(memory.trim_periodically(), name="evenflow-malloc-trim")
+        trimmer = asyncio.create_task(heap.trim_periodically(), name="evenflow-malloc-trim")
         if ctx.advertiser is not None and not await _logged(ctx.advertiser.start(), "cannot advertise"):
             ctx.advertiser = None
         yield

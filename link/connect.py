@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from ..daemon.apikey import default_key_file, read_key_file
-from ..daemon.config import parse_host
+from ..daemon.settings import parse_host
 
 DEFAULT_HOST = "127.0.0.1:11434"
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from evenflow.daemon.config import Settings, load_settings
+from evenflow.daemon.settings import Settings, load_settings
 from evenflow.daemon.context import AppContext
 from evenflow.daemon.server import bind_socket, create_app
 

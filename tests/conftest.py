@@ -24,6 +24,20 @@ def pytest_configure(config: pytest.Config) -> None:
     # A developer's own API key file (`evenflow key new`) must not turn auth on in every test daemon.
     if not os.environ.get("EVENFLOW_API_KEY_FILE"):
         os.environ["EVENFLOW_API_KEY_FILE"] = os.path.join(tempfile.gettempdir(), f"evenflow-no-key-{os.getpid()}")
+    _patient_httpx()
+
+
+def _patient_httpx() -> None:
+    """httpx's calls and sync clients wait 5 s by default: on a loaded 2-core CI machine a model load or a first
+    generation can take longer, so a test's plain `httpx.post(...)` would fail on a margin of time. A test that means
+    a timeout passes its own."""
+    import httpx
+
+    patient = httpx.Timeout(300.0, connect=30.0)
+    for name in ("request", "stream", "get", "options", "head", "post", "put", "patch", "delete"):
+        fn = getattr(httpx, name)
+        getattr(fn, "__wrapped__", fn).__kwdefaults__["timeout"] = patient  # stream is a contextmanager
+    httpx.Client.__init__.__kwdefaults__["timeout"] = patient
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -168,7 +168,7 @@ class Scripted:
 
 
 def start_scripted() -> Scripted:
-    from evenflow.daemon.config import load_settings
+    from evenflow.daemon.settings import load_settings
 
     settings = load_settings({}, {"host": "127.0.0.1:0"})
     sock = bind_socket(settings)

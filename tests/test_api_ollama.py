@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -120,19 +121,18 @@ def test_chat_streamed_and_not(client: ollama.Client) -> None:
 
 
 def test_load_unload_and_ps(client: ollama.Client, daemon: Daemon) -> None:
-    r = httpx.post(daemon.url + "/api/generate", json={"model": "tiny", "stream": False}).json()
+    r = httpx.post(daemon.url + "/api/generate", json={"model": "tiny", "stream": False}, timeout=120).json()
     assert r["done_reason"] == "load" and r["response"] == ""
     ps = client.ps().models
     assert [m.model for m in ps] == ["tiny:latest"]
     assert ps[0].context_length == 1024 and ps[0].size > 0 and ps[0].expires_at is not None
-    r = httpx.post(daemon.url + "/api/chat", json={"model": "tiny", "messages": [], "keep_alive": 0}).json()
+    r = httpx.post(daemon.url + "/api/chat", json={"model": "tiny", "messages": [], "keep_alive": 0}, timeout=120).json()
     assert r["done_reason"] == "unload" and r["message"]["role"] == "assistant"
     assert client.ps().models == []
     client.generate("tiny", "hi", options={"num_predict": 1}, keep_alive=0)  # 0 unloads after the request
-    for _ in range(100):
-        if not client.ps().models:
-            break
-        asyncio.run(asyncio.sleep(0.05))
+    deadline = time.monotonic() + 60  # the unload runs after the reply: wait for it, not for a margin
+    while client.ps().models and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert client.ps().models == []
     client.generate("tiny", "hi", options={"num_predict": 1}, keep_alive=-1)
     assert client.ps().models[0].expires_at.year > 2100  # forever

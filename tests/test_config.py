@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from evenflow.daemon.config import (SETTINGS, ConfigError, keep_alive_seconds, load_settings, parse_go_duration,
+from evenflow.daemon.settings import (SETTINGS, ConfigError, keep_alive_seconds, load_settings, parse_go_duration,
                                     parse_host)
 
 

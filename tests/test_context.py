@@ -8,7 +8,7 @@ import pytest
 
 from evenflow.daemon.api.http.workers import WorkerPool
 from evenflow.daemon.api.models.store_adapter import StoreAdapter
-from evenflow.daemon.config import load_settings
+from evenflow.daemon.settings import load_settings
 from evenflow.daemon.context import AppContext, Store, Workers, context
 from evenflow.daemon.server import create_app
 

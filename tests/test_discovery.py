@@ -12,7 +12,7 @@ import httpx
 
 from api_harness import BACKENDS, start_daemon, upload_model
 from evenflow.link.discover import LanBrowser
-from evenflow.daemon.config import load_settings
+from evenflow.daemon.settings import load_settings
 from evenflow.daemon.discovery import TXT_STRING_MAX, advertised_addresses, models_txt
 
 KEY = "ef-discovery-key-0123456789"

@@ -74,7 +74,7 @@ def test_preemption_recompute_matches_undisturbed(runner):
     roomy = drive(Engine(runner, EngineConfig(max_num_batched_tokens=64)), prompts, num_predict=24)
     tight = Engine(runner, EngineConfig(max_num_batched_tokens=64))
     # only 12 blocks of 16 tokens for 4 sequences growing to 64 tokens each: forces preemptions
-    from evenflow.daemon.engine.kv import BlockManager
+    from evenflow.daemon.engine.blocks import BlockManager
 
     tight.blocks = tight.scheduler.blocks = BlockManager(12, runner.block_size)
     preempted = []

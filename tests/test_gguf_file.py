@@ -9,7 +9,7 @@ from gguf import GGUFReader
 from evenflow.backends.base import ModelLoadError
 from evenflow.backends.common.gguf_file import GGUFArray, GGUFFile
 from evenflow.backends.llamacpp.gguf_info import read_header
-from evenflow.daemon.store.weights import WeightsError, read_gguf
+from evenflow.daemon.store.weight_info import WeightsError, read_gguf
 
 
 def test_lazy_arrays_read_the_same_values_as_a_full_read(synthetic_model):

@@ -243,7 +243,7 @@ def test_a_5mb_embedding_input_costs_a_window(daemon: Daemon) -> None:
 def test_a_huge_request_template_is_not_kept_after_its_request() -> None:
     """A request's own template is cached by its text; one of megabytes is not (64 held ~3 GB for good)."""
     from evenflow.daemon.prompt.gotemplate import parser
-    from evenflow.daemon.prompt.gotemplate.budget import MAX_CACHED_CHARS
+    from evenflow.daemon.prompt.gotemplate.render_budget import MAX_CACHED_CHARS
 
     small, big = "{{ .Prompt }} small", "{{ .Prompt }}" + "x" * (MAX_CACHED_CHARS + 1)
     before = parser.parse.cache_info().currsize

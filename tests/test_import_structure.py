@@ -220,7 +220,7 @@ def test_the_graph_is_read():
     for sub in ("daemon", "backends", "clients", "tui", "link"):
         assert f"{PACKAGE}.{sub}" in GRAPH, sub
     assert "evenflow.daemon.api.pipeline.prepare" in GRAPH["evenflow.daemon.api.anthropic.routes"]  # the rooms are seen
-    assert "evenflow.daemon.config" in GRAPH["evenflow.clients.cli"]  # from ..daemon.config import ...
+    assert "evenflow.daemon.settings" in GRAPH["evenflow.clients.cli"]  # from ..daemon.settings import ...
     assert "evenflow.tui.app" in GRAPH["evenflow.tui.demo"]  # deferred, and under TYPE_CHECKING
     assert "evenflow.tui" in GRAPH["evenflow.clients.cli"]  # from .. import tui
     for importer, imported, _, exempt in FORBIDDEN:  # a misspelt layer would make its rule pass vacuously
@@ -249,13 +249,13 @@ def test_layering(rule):
 def test_the_checks_catch_a_new_cycle_and_an_upward_import():
     """The checks themselves: a cycle and an upward edge added to a copy of the graph are both reported."""
     graph = {a: dict(bs) for a, bs in GRAPH.items()}
-    graph["evenflow.daemon.config"]["evenflow.clients.cli"] = 1  # clients.cli -> daemon.config -> clients.cli
+    graph["evenflow.daemon.settings"]["evenflow.clients.cli"] = 1  # clients.cli -> daemon.settings -> clients.cli
     found = find_cycles(graph)
-    assert any({"evenflow.daemon.config", "evenflow.clients.cli"} <= set(comp) for comp, _ in found), found
+    assert any({"evenflow.daemon.settings", "evenflow.clients.cli"} <= set(comp) for comp, _ in found), found
     for comp, c in found:  # each reported cycle is real: it closes, and every step is an import
         assert c[0] == c[-1] and set(c) <= set(comp) and all(b in graph[a] for a, b in zip(c, c[1:])), c
     rule = next(r for r in FORBIDDEN if r[:2] == ("daemon", "clients"))
-    assert _violations(graph, rule) == [("evenflow.daemon.config", "evenflow.clients.cli")]
+    assert _violations(graph, rule) == [("evenflow.daemon.settings", "evenflow.clients.cli")]
     graph["evenflow.daemon.api.anthropic.routes"]["evenflow.daemon.api.ollama.prepare"] = 1  # a dialect crossing
     rule = next(r for r in FORBIDDEN if r[:2] == ("daemon.api.anthropic", "daemon.api.ollama"))
     assert _violations(graph, rule) == [("evenflow.daemon.api.anthropic.routes", "evenflow.daemon.api.ollama.prepare")]

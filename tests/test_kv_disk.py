@@ -301,7 +301,7 @@ def test_a_document_survives_unload_and_restart(tmp_path, synthetic_model):
 
 
 def test_the_settings_take_sizes_and_zero_turns_the_cache_off(tmp_path):
-    from evenflow.daemon.config import ConfigError, load_settings
+    from evenflow.daemon.settings import ConfigError, load_settings
     from evenflow.daemon.manager import ModelManager
 
     assert load_settings({}).kv_cache_size == 10 * 2**30

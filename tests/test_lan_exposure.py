@@ -18,7 +18,7 @@ import httpx
 import pytest
 import uvicorn
 
-from evenflow.daemon.config import ConfigError, exposure_error, load_settings
+from evenflow.daemon.settings import ConfigError, exposure_error, load_settings
 from evenflow.daemon.server import create_app
 
 NO_KEY = {"EVENFLOW_API_KEY_FILE": "/nonexistent/evenflow-key"}

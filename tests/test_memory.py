@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from evenflow.backends.base import RunnerSettings, load_runner
-from evenflow.backends.common.memory import AUTO_MAX_SEQS, AUTO_MIN_SEQS, plan_kv
+from evenflow.backends.common.kv_plan import AUTO_MAX_SEQS, AUTO_MIN_SEQS, plan_kv
 
 BS, CTX, BB = 16, 1024, 1000  # block size, context window, bytes per block
 WINDOW = CTX // BS  # blocks per full window

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evenflow.daemon.engine.budget import AdaptiveBudget, FixedBudget, StepCost
-from evenflow.daemon.engine.kv import BlockManager
+from evenflow.daemon.engine.blocks import BlockManager
 from evenflow.daemon.engine.params import SamplingParams
 from evenflow.daemon.engine.scheduler import AGING_STEPS, WAIT_PREFILL, WAIT_SLOT, Scheduler, SchedulerConfig
 from evenflow.daemon.engine.sequence import Sequence, Status

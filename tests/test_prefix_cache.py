@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from evenflow.backends.base import Batch
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
-from evenflow.daemon.engine.kv import BlockManager
+from evenflow.daemon.engine.blocks import BlockManager
 from evenflow.daemon.engine.params import SamplingParams as Params
 from evenflow.daemon.engine.sequence import Sequence
 from toy_runner import ToyRunner

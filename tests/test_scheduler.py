@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evenflow.daemon.engine.budget import FixedBudget
-from evenflow.daemon.engine.kv import BlockManager
+from evenflow.daemon.engine.blocks import BlockManager
 from evenflow.daemon.engine.params import SamplingParams
 from evenflow.daemon.engine.scheduler import Scheduler, SchedulerConfig
 from evenflow.daemon.engine.sequence import Sequence, Status

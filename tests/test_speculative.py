@@ -16,7 +16,7 @@ import pytest
 from evenflow.backends.base import RunnerSettings, load_runner
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
 from evenflow.daemon.engine.grammar import grammar_for_format
-from evenflow.daemon.engine.kv import blocks_for
+from evenflow.daemon.engine.blocks import blocks_for
 from evenflow.daemon.engine.ngram import lookup
 
 from toy_runner import ToyRunner

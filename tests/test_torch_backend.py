@@ -222,7 +222,7 @@ def test_load_errors_name_the_problem(tiny_llama, tmp_path):
 
 
 def test_model_args_from_config_variants():
-    from evenflow.backends.common.config import ModelArgs
+    from evenflow.backends.common.model_args import ModelArgs
 
     base = dict(model_type="llama", hidden_size=64, num_hidden_layers=1, intermediate_size=8,
                 num_attention_heads=4, vocab_size=10)

@@ -10,9 +10,9 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 from evenflow.backends.base import EmbedSpan, RunnerSettings  # noqa: E402
 from evenflow.backends.llamacpp.runner import load  # noqa: E402
 from evenflow.backends.synthetic import make_spec  # noqa: E402
-from evenflow.backends.synthetic.weights import build_weights  # noqa: E402
+from evenflow.backends.synthetic.random_weights import build_weights  # noqa: E402
 from evenflow.daemon.engine import Engine  # noqa: E402
-from evenflow.daemon.engine.config import EngineConfig  # noqa: E402
+from evenflow.daemon.engine.engine_config import EngineConfig  # noqa: E402
 from evenflow.daemon.engine.params import SamplingParams  # noqa: E402
 from evenflow.daemon.engine.sequence import Sequence  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Backend-neutral model loading (no torch, no mlx): ModelArgs, GGUF/HF readers and tokenizers."""
-from .config import SUPPORTED_ARCHITECTURES, ModelArgs, ModelFiles, build_model_info
+from .model_args import SUPPORTED_ARCHITECTURES, ModelArgs, ModelFiles, build_model_info
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "ModelArgs", "ModelFiles", "build_model_info", "open_model"]
 

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..base import ModelLoadError
-from .config import ModelArgs, ModelFiles
+from .model_args import ModelArgs, ModelFiles
 from .gguf_checks import check_hparams
 from .gguf_file import GGUFFile, file_type_name, is_gguf
 from .gguf_tokenizer import tokenizer_from_gguf

@@ -19,7 +19,7 @@ COMPUTE_SLACK = 64 * MiB  # llama.cpp's graph buffers beyond the activations est
 
 def default_context_length(total_vram: int | None) -> int:
     """Ollama's default num_ctx by total VRAM (reference/ollama-api.md, `num_ctx`, v0.15.5+): under 24 GiB 4096,
-    24-48 GiB 32768, 48 GiB and more 262144; no GPU: 4096 (daemon/config.py's default before)."""
+    24-48 GiB 32768, 48 GiB and more 262144; no GPU: 4096 (daemon/settings.py's default before)."""
     if not total_vram or total_vram < 24 * GiB:
         return 4096
     if total_vram < 48 * GiB:

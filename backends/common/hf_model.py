@@ -12,7 +12,7 @@ import numpy as np
 from tokenizers import Tokenizer as HFTok
 
 from ..base import ModelLoadError
-from .config import ModelArgs, ModelFiles
+from .model_args import ModelArgs, ModelFiles
 from .hf_tokenizer import HFTokenizer
 from .safetensors_header import parse_header
 

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .config import ModelArgs
+from .model_args import ModelArgs
 
 
 def base_inv_freq(args: ModelArgs) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Prefix sharing in llama.cpp's unified KV cache, mirroring the engine's cached blocks.
 
-The engine decides hits (daemon/engine/kv.py); here we keep the cells of those blocks alive and hand them to
+The engine decides hits (daemon/engine/blocks.py); here we keep the cells of those blocks alive and hand them to
 a new sequence. In a unified cache a cell can belong to several sequences, so `llama_memory_seq_cp` shares
 cells without copying data. A finished slot's cells move to a spare "holder" sequence id; a hit copies the
 prefix's positions from whichever sequence holds each block; a block the engine forgets (freed uncached or

@@ -20,7 +20,7 @@ import struct
 
 import llama_cpp.llama_cpp as L
 
-from ..common.memory import available_host_bytes
+from ..common.kv_plan import available_host_bytes
 from .checkpoints import Checkpoints, State, state_pointer
 from .native import take_recent_errors
 

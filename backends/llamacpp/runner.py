@@ -23,7 +23,7 @@ import numpy as np
 import llama_cpp.llama_cpp as L
 
 from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, RunnerSettings
-from ..common.memory import host_kv_budget, plan_kv
+from ..common.kv_plan import host_kv_budget, plan_kv
 from . import amx, load_probe, offload
 from .checkpoints import State, state_pointer
 from .embedder import Embedder

@@ -1,6 +1,6 @@
 """Attention over the paged MLX KV cache for a flattened mixed batch.
 
-The step's metadata is planned with numpy in backends/common/attention.py (shared with torch) and turned into
+The step's metadata is planned with numpy in backends/common/attn_plan.py (shared with torch) and turned into
 MLX arrays once per step. All 1-token spans (decodes) run as one padded, batched SDPA; each prompt chunk runs one
 SDPA over its cached prefix + the chunk (a first chunk over its own new K/V), causal inside the chunk. The
 per-group outputs are concatenated and put back in flattened-row order with one gather (`StepAttention.order`).
@@ -11,8 +11,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..base import Batch
-from ..common.attention import StepAttention, dense_causal, plan_step_attention
-from .kv import PagedKVCache
+from ..common.attn_plan import StepAttention, dense_causal, plan_step_attention
+from .paged_kv import PagedKVCache
 
 __all__ = ["StepAttention", "build_step_attention", "dense_causal", "paged_attention"]
 

@@ -17,8 +17,8 @@ from ..base import Batch, ModelInfo, Runner, RunnerSettings
 from ..common import build_model_info
 from ..common.paging import PagedPrefixIO, check_ids, check_step
 from .attention import build_step_attention, dense_causal
-from ..common.memory import plan_kv
-from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
+from ..common.kv_plan import plan_kv
+from .paged_kv import PagedKVCache, bytes_per_block, kv_budget_bytes
 from .models import build_model
 from .weights import load_weights
 

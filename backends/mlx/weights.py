@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..base import ModelLoadError
-from ..common.config import ModelFiles
+from ..common.model_args import ModelFiles
 from ..common.gguf_model import GGUFModel, hf_name, unpermute_qk
 from ..common.hf_model import HFModel
 

@@ -10,7 +10,7 @@ from .gguf_writer import GGUF_DTYPES, gguf_name, gguf_tensors, write_gguf
 from .hf import write_hf
 from .spec import ARCHITECTURES, LLAMA3_ROPE_SCALING, PRESETS, ModelSpec, make_spec, spec_hash
 from .tokenizer import Vocab, cache_dir, family_for, vocab_for
-from .weights import build_weights, llama3_rope_factors, permute_qk, tensor_shapes, unpermute_qk
+from .random_weights import build_weights, llama3_rope_factors, permute_qk, tensor_shapes, unpermute_qk
 
 __all__ = [
     "ARCHITECTURES", "FORMATS", "GGUF_DTYPES", "LLAMA3_ROPE_SCALING", "PRESETS", "ModelSpec", "Vocab",

@@ -5,7 +5,7 @@ import numpy as np
 
 from .archs import ARCHS, arch_shapes
 from .spec import ModelSpec
-from .weights import INIT_STD, is_norm
+from .random_weights import INIT_STD, is_norm
 
 # Attention's query and key projections, and the recurrent layers' mixing weights: drawn with spec.qk_std (sharp
 # attention, and a recurrent state that moves the logits, make cache bugs visible).

@@ -14,7 +14,7 @@ from .gguf_writer import GGUF_DTYPES, write_gguf
 from .hf import write_hf
 from .spec import ModelSpec, make_spec, spec_hash
 from .tokenizer import cache_dir
-from .weights import build_weights
+from .random_weights import build_weights
 
 log = logging.getLogger(__name__)
 

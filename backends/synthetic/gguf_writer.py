@@ -13,7 +13,7 @@ import numpy as np
 from .archs import GGUF_ONLY
 from .spec import ModelSpec, spec_hash
 from .tokenizer import Vocab, gguf_vocab_fields, vocab_for
-from .weights import build_weights, is_norm, llama3_rope_factors, permute_qk
+from .random_weights import build_weights, is_norm, llama3_rope_factors, permute_qk
 
 log = logging.getLogger(__name__)
 

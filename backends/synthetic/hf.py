@@ -10,7 +10,7 @@ import numpy as np
 
 from .spec import ModelSpec, spec_hash
 from .tokenizer import Vocab, trained_vocab
-from .weights import build_weights
+from .random_weights import build_weights
 
 log = logging.getLogger(__name__)
 

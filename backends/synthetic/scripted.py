@@ -22,7 +22,7 @@ into the vocab's reserved slots (`[PAD…]`, `<|reserved_special_token_…|>`), 
 llama.cpp prints only when asked) or user-defined ones (always printed), so how the daemon turns special tokens
 into text is part of what a test sees. llama.cpp cannot run a gpt2-shaped file that names another architecture, so
 `general.architecture` is `gpt2` and the family's own architecture is stored as ARCHITECTURE_KEY, which the store
-reports as the model's family (/api/show details.family; daemon/store/weights.py FAMILY_KEY).
+reports as the model's family (/api/show details.family; daemon/store/weight_info.py FAMILY_KEY).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Attention over the paged KV cache for a flattened mixed batch, in torch.
 
-The step's metadata is planned with numpy in backends/common/attention.py (shared with MLX) and moved to the
+The step's metadata is planned with numpy in backends/common/attn_plan.py (shared with MLX) and moved to the
 device once per step. Decodes (and any 1-token span) run as one padded, batched SDPA call; each prompt chunk runs
 one SDPA over its gathered prefix + chunk (a first chunk over its own new K/V), causal inside the chunk.
 """
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..base import Batch
-from ..common.attention import StepAttention, dense_causal, plan_step_attention
+from ..common.attn_plan import StepAttention, dense_causal, plan_step_attention
 
 __all__ = ["StepAttention", "build_step_attention", "dense_causal", "paged_attention"]
 

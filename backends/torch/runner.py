@@ -11,8 +11,8 @@ from ..base import Batch, InsufficientMemory, ModelInfo, ModelLoadError, Runner,
 from ..common import build_model_info, open_model
 from ..common.paging import PagedPrefixIO, check_ids, check_step
 from .attention import build_step_attention, dense_causal
-from ..common.memory import plan_kv
-from .kv import PagedKVCache, bytes_per_block, kv_budget_bytes
+from ..common.kv_plan import plan_kv
+from .paged_kv import PagedKVCache, bytes_per_block, kv_budget_bytes
 from .models import build_model
 
 log = logging.getLogger(__name__)

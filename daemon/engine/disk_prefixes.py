@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from ...backends.base import Runner
-from ...backends.common.memory import available_host_bytes
-from .kv import BlockManager, block_key
+from ...backends.common.kv_plan import available_host_bytes
+from .blocks import BlockManager, block_key
 from .kv_disk import DiskKVCache, Entry, Restore, namespace_of
 
 log = logging.getLogger(__name__)

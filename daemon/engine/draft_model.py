@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...backends.base import Batch, Runner
-from .kv import BlockManager, SlotPool
+from .blocks import BlockManager, SlotPool
 from .scheduler import StepPlan
 from .sequence import Sequence
 

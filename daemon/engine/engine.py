@@ -18,12 +18,12 @@ import numpy as np
 from ...backends.base import EmbedSpan, Runner
 from .budget import AdaptiveBudget, StepCost
 # the config, stats and errors live in config.py; imported from here too (daemon/api, daemon/models.py, tests)
-from .config import EngineConfig, EngineError, EngineStats, EngineStopped, PromptTooLong, QueueFull  # noqa: F401
-from .config import make_budget_policy
+from .engine_config import EngineConfig, EngineError, EngineStats, EngineStopped, PromptTooLong, QueueFull  # noqa: F401
+from .engine_config import make_budget_policy
 from .detokenizer import IncrementalDetokenizer
 from .disk_prefixes import DiskPrefixes, prompt_keys
 from .grammar import Constraint, GrammarCompiler, mask_rows
-from .kv import BlockManager, blocks_for
+from .blocks import BlockManager, blocks_for
 from .kv_disk import DiskKVCache
 from .logprobs import MAX_TOP_LOGPROBS, TokenLogprob, log_softmax, token_logprob
 from .params import SamplingParams

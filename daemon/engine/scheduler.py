@@ -20,7 +20,7 @@ from typing import Callable
 
 from ...backends.base import Batch, embeds_in
 from .budget import BudgetPolicy
-from .kv import BlockManager, SlotPool
+from .blocks import BlockManager, SlotPool
 from .sequence import Sequence, Status
 
 

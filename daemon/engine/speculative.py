@@ -26,7 +26,7 @@ from ...backends.base import Runner
 from .budget import AdaptiveBudget, BudgetPolicy
 from .draft_cost import DraftCost
 from .draft_model import DraftModel
-from .kv import BlockManager
+from .blocks import BlockManager
 from .ngram import PromptLookup
 from .scheduler import ScheduledSpan, StepPlan
 from .sequence import Sequence

@@ -18,7 +18,7 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
 
-from .gotemplate.budget import MAX_ITEMS, MAX_OUTPUT, TemplateBudgetExceeded, check_size, size_of
+from .gotemplate.render_budget import MAX_ITEMS, MAX_OUTPUT, TemplateBudgetExceeded, check_size, size_of
 
 MAX_INT_BITS = 1 << 17  # ~40,000 digits: int arithmetic past this is slow in one step and prints as an error anyway
 

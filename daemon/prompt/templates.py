@@ -25,7 +25,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from . import gotemplate
 from .gotemplate import Budget, TemplateBudgetExceeded, TemplateError
-from .gotemplate.budget import MAX_ITEMS, MAX_OUTPUT, TemplateCancelled, cache_small
+from .gotemplate.render_budget import MAX_ITEMS, MAX_OUTPUT, TemplateCancelled, cache_small
 from .gotemplate.ollama import DEFAULT_TEMPLATE, render_go_chat
 from .gotemplate.ollama import go_nodes as _go_nodes
 from .gotemplate.ollama import go_vars as _go_vars

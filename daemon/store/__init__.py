@@ -11,13 +11,13 @@ ModelNotFound -> 404, ReadOnlyModel -> 403.
 """
 from .create import create_model
 from .demo import create_demo_model, ensure_demo_model
-from .errors import BlobNotFound, InvalidModel, ModelNotFound, NotSupported, ReadOnlyModel, StoreError
+from .store_errors import BlobNotFound, InvalidModel, ModelNotFound, NotSupported, ReadOnlyModel, StoreError
 from .layout import DigestMismatch, default_readonly_roots, default_store_root
 from .modelfile import ModelfileError, ModelfileSpec, format_params, parse_modelfile
 from .names import InvalidDigest, InvalidName, ModelName, parse_digest, parse_name
 from .show import show_model
 from .store import ModelEntry, ModelStore, ResolvedModel
-from .weights import human_number
+from .weight_info import human_number
 
 __all__ = [
     "BlobNotFound", "DigestMismatch", "InvalidDigest", "InvalidModel", "InvalidName", "ModelEntry", "ModelName",

@@ -13,13 +13,13 @@ from typing import Any, Iterator
 from ...backends.remote.endpoint import FROM_SHAPE, SETTING_KEYS as REMOTE_SETTING_KEYS
 from ...backends.remote.endpoint import EndpointError, RemoteEndpoint, is_remote_from
 from .hfdir import safe_relpath
-from .errors import BlobNotFound, InvalidModel, NotSupported
+from .store_errors import BlobNotFound, InvalidModel, NotSupported
 from .manifest import (CONFIG_MEDIA_TYPE, MT_ADAPTER, MT_FILE, MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_PROJECTOR,
                        MT_PROMPT, MT_SYSTEM, MT_TEMPLATE, Layer, Manifest, ModelConfig)
 from .modelfile import InvalidParameter, format_params
 from .names import parse_digest, parse_name
 from .store import ModelStore
-from .weights import WeightsError, human_number, is_projector, read_gguf, read_hf
+from .weight_info import WeightsError, human_number, is_projector, read_gguf, read_hf
 
 log = logging.getLogger(__name__)
 

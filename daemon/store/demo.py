@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .create import create_model
 from .show import SYNTHETIC_NOTE
-from .weights import read_gguf
+from .weight_info import read_gguf
 
 if TYPE_CHECKING:
     from .store import ModelStore

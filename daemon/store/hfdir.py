@@ -6,7 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import InvalidModel
+from .store_errors import InvalidModel
 from .layout import TMP_PREFIX, fsync_dir
 
 HF_DIR = "evenflow-hf"  # under our store root: evenflow-hf/<manifest sha256>/<filename>

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from .create import create_model
 from .download import DownloadError
-from .errors import StoreError
+from .store_errors import StoreError
 from .manifest import Layer, MT_MODEL
 from .names import ModelName
 from .registry import RegistryError, wait_download

@@ -14,7 +14,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from .download import BlobDownload, DownloadError
-from .errors import StoreError
+from .store_errors import StoreError
 from .manifest import MANIFEST_MEDIA_TYPE, Layer, Manifest, ManifestError
 from .names import InvalidName, ModelName, name_scheme, parse_name
 

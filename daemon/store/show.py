@@ -8,7 +8,7 @@ from ...backends.remote.endpoint import RemoteEndpoint
 from .manifest import MT_MODEL, MT_PROMPT, MT_TEMPLATE
 from .modelfile import parameters_text, render_modelfile
 from .store import ModelStore
-from .weights import SYNTHETIC_KEY, projector_info
+from .weight_info import SYNTHETIC_KEY, projector_info
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any, AsyncIterable, Iterable, Iterator
 
 from .download import DownloadManager
-from .errors import BlobNotFound, InvalidModel, ModelNotFound, ReadOnlyModel
+from .store_errors import BlobNotFound, InvalidModel, ModelNotFound, ReadOnlyModel
 from .hfdir import HF_DIR, materialize_dir
 from .layout import PRUNE_GRACE_S, TMP_PREFIX, StoreLayout, atomic_write_bytes, fsync_dir
 from .manifest import (MT_FILE, MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_PROJECTOR, MT_PROMPT, MT_SYSTEM, MT_TEMPLATE,
                        Manifest, ManifestError, ModelConfig)
 from .names import ModelName, parse_name
 from .records import ModelEntry, ResolvedModel, rfc3339
-from .weights import WeightsError, WeightsInfo, read_gguf, read_hf
+from .weight_info import WeightsError, WeightsInfo, read_gguf, read_hf
 
 log = logging.getLogger(__name__)
 

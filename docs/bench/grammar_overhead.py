@@ -25,7 +25,7 @@ import httpx
 import uvicorn
 
 from evenflow.backends.synthetic import cached_model, make_spec
-from evenflow.daemon.config import load_settings
+from evenflow.daemon.settings import load_settings
 from evenflow.daemon.engine import engine as engine_mod
 from evenflow.daemon.engine import grammar as grammar_mod
 from evenflow.daemon.server import bind_socket, create_app

@@ -16,7 +16,7 @@ import json
 import random
 
 from evenflow.daemon.engine.budget import AdaptiveBudget, StepCost
-from evenflow.daemon.engine.kv import BlockManager
+from evenflow.daemon.engine.blocks import BlockManager
 from evenflow.daemon.engine.params import SamplingParams
 from evenflow.daemon.engine.scheduler import Scheduler, SchedulerConfig
 from evenflow.daemon.engine.sequence import Sequence

@@ -1,6 +1,6 @@
 """The MLX model and its loading: `build_model` creates the decoder and fills its weights by HF name (maybe quantised).
 
-Every supported architecture (common.config.SUPPORTED_ARCHITECTURES) is the Llama decoder of llama.py with the
+Every supported architecture (common.model_args.SUPPORTED_ARCHITECTURES) is the Llama decoder of llama.py with the
 flags ModelArgs sets for its family (qwen2: q/k/v biases, qwen3: q/k norms).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from ...base import ModelLoadError
 from ...common.checkpoint import IGNORED_SUFFIXES, check_complete, check_shape
-from ...common.config import ModelArgs, check_architecture
+from ...common.model_args import ModelArgs, check_architecture
 from . import llama
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ...common.config import ModelArgs
+from ...common.model_args import ModelArgs
 from ...common.rope import rope_inv_freq
 from ..attention import StepAttention, paged_attention
-from ..kv import PagedKVCache
+from ..paged_kv import PagedKVCache
 
 
 def rope_cos_sin(inv_freq: mx.array, positions: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...common import rope
-from ...common.config import ModelArgs
+from ...common.model_args import ModelArgs
 from ..attention import StepAttention, paged_attention
-from ..kv import PagedKVCache
+from ..paged_kv import PagedKVCache
 
 
 class RMSNorm(nn.Module):

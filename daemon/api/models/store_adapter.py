@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 from typing import Any, AsyncIterable, Callable, Iterator
 
-from ...config import Settings
+from ...settings import Settings
 from ...manager import ModelRecord
-from ...store import errors as se
+from ...store import store_errors as se
 from ...store import create_model, ensure_demo_model, hfpull, registry, show_model
 from ...store.manifest import ManifestError
 from ...store.names import parse_name

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...config import keep_alive_seconds
+from ...settings import keep_alive_seconds
 from ...engine.params import InvalidParams, SamplingParams
 from ...manager import GpuOptions, LoadedModel
 from ..http.errors import APIError

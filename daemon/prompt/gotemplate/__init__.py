@@ -10,8 +10,8 @@ raise TemplateError naming the construct. Ollama's chat semantics (messages vs l
 """
 from __future__ import annotations
 
-from .budget import Budget, TemplateBudgetExceeded
-from .errors import TemplateError
+from .render_budget import Budget, TemplateBudgetExceeded
+from .template_error import TemplateError
 from .execute import cut_after_response, execute, identifiers, render
 from .funcs import FUNCS, GoValue, go_str, truth
 from .parser import Action, Branch, Operand, Pipe, parse

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .budget import Budget, check_size
-from .errors import TemplateError
+from .render_budget import Budget, check_size
+from .template_error import TemplateError
 from .funcs import FUNCS, LAZY_FUNCS, GoValue, go_str, printed_size, truth, _get_field
 from .parser import Action, Branch, Loop, Operand, Pipe, parse
 

@@ -8,8 +8,8 @@ import re
 import urllib.parse
 from typing import Any, Callable
 
-from .budget import TemplateBudgetExceeded, check_size, size_of
-from .errors import TemplateError
+from .render_budget import TemplateBudgetExceeded, check_size, size_of
+from .template_error import TemplateError
 
 
 class GoValue:

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import TemplateError
+from .template_error import TemplateError
 from .funcs import FUNCS
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .budget import Budget, cache_small
+from .render_budget import Budget, cache_small
 from .execute import cut_after_response, execute, identifiers
 from .funcs import GoValue
 from .parser import Action, Operand, Pipe, parse

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import cache_small
-from .errors import TemplateError
+from .render_budget import cache_small
+from .template_error import TemplateError
 from .funcs import FUNCS, LAZY_FUNCS
 from .lexer import Tok, _Raw, _lex
 

@@ -14,7 +14,7 @@ import logging
 import mlx.core as mx
 import numpy as np
 
-from ..common.memory import host_kv_budget
+from ..common.kv_plan import host_kv_budget
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from ... import cancel
-from .errors import TemplateError
+from .template_error import TemplateError
 
 MAX_STEPS = 500_000  # real chat templates take well under 1,000 per message
 MAX_OUTPUT = 64 * 2**20  # characters: a prompt this long is far past any context window anyway

@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import torch
 
-from ..common.memory import host_kv_budget
+from ..common.kv_plan import host_kv_budget
 
 log = logging.getLogger(__name__)
 

@@ -111,7 +111,7 @@ def _gguf_info(gf: GGUFFile) -> WeightsInfo:
 
 def _check_hf_config(config: dict[str, Any]) -> None:
     """An architecture evenflow runs must have hyperparameters its loaders accept (a 400 at create, not at load)."""
-    from ...backends.common.config import SUPPORTED_ARCHITECTURES, ModelArgs
+    from ...backends.common.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
 
     if str(config.get("model_type")) in SUPPORTED_ARCHITECTURES:
         try:

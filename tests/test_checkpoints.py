@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from evenflow.backends.llamacpp.checkpoints import Checkpoints, state_pointer
+from evenflow.backends.llamacpp.checkpoints import Checkpoints, kept, state_pointer
 
 
 def test_views_into_one_payload_count_it_once_and_until_the_last_goes():
@@ -41,3 +41,13 @@ def test_state_pointer_reads_a_view_in_place():
     view = memoryview(data)[3:7]
     assert ctypes.string_at(state_pointer(view), len(view)) == b"3456"
     assert ctypes.string_at(state_pointer(bytearray(b"ab")), 2) == b"ab"
+
+
+def test_restored_checkpoints_stay_views_only_where_they_are_most_of_their_payload():
+    payload = bytes(100)
+    view = memoryview(payload)
+    most = [(0, view[10:40]), (1, view[40:90])]
+    assert kept(most, payload) is most
+    few = [(0, view[10:20]), (3, view[90:100])]  # the other 80 bytes (an attention state) would stay alive for them
+    out = kept(few, payload)
+    assert [(i, type(d), bytes(d)) for i, d in out] == [(0, bytes, bytes(10)), (3, bytes, bytes(10))]

@@ -160,16 +160,17 @@ def test_a_payload_that_is_not_a_window_prefix_is_refused(runners, tmp_path):
     assert run(again, [doc + [9, 9]], 5) == [solo(solo_runner, doc + [9, 9], 5)]
 
 
-def test_a_restore_keeps_its_windows_as_views_of_the_payload_and_each_serves_a_cold_equal_hit(runners, tmp_path):
+def test_a_restore_keeps_its_windows_as_the_budget_counts_them_and_each_serves_a_cold_equal_hit(runners, tmp_path):
     """Copying a restored payload's windows cost a restart's next question on Gemma 3 more than the rest of the
-    restore: they stay views into the one payload read from disk (counted once), and later hits resuming from them
-    after the payload itself is gone give the cold run."""
+    restore: they stay views into the one payload read from disk (counted once) where they are most of it, else copies
+    (checkpoints.kept), and later hits resuming from them give the cold run."""
     warm, solo_runner = runners
     rng = random.Random(6)
-    doc = words(rng, 80)
+    doc = words(rng, 48)
     disk = DiskKVCache(tmp_path, 1 << 30, min_tokens=32)
     first = Engine(warm, EngineConfig(max_num_batched_tokens=24), kv_disk=disk, model_id="m")
-    run(first, [doc + words(rng, 3)], 3 * WINDOW)
+    # an answer past the window: the saved state's own window does not reach back to the document's end
+    run(first, [doc + words(rng, 3)], WINDOW + 8)
     first.shutdown()
     assert disk.flush(30)
     again = Engine(warm, EngineConfig(max_num_batched_tokens=24), kv_disk=disk, model_id="m")
@@ -181,11 +182,14 @@ def test_a_restore_keeps_its_windows_as_views_of_the_payload_and_each_serves_a_c
     assert again.disk.restored_tokens == len(doc) // BS * BS == again.cache_hit_tokens
     assert again.blocks.rewind_tokens == 0 and again.disk.failed == 0
     points = warm._window._points
-    views = [points.get(b) for b in list(points._data)]
-    assert views and all(isinstance(v, memoryview) for v in views)
-    assert len({id(v.obj) for v in views}) == 1 and points.bytes == entry.payload_len
+    held = [points.get(b) for b in list(points._data)]
+    if 2 * sum(len(w) for w in held) >= entry.payload_len:  # views of the one payload, counted once
+        assert all(isinstance(w, memoryview) for w in held) and len({id(w.obj) for w in held}) == 1
+        assert points.bytes == entry.payload_len
+    else:  # copies: a view would keep the rest of the payload (the attention state llama.cpp took) alive
+        assert held and all(isinstance(w, bytes) for w in held) and points.bytes == sum(len(w) for w in held)
     loaded = warm._window.loaded
-    for part in (41, 62, 23):  # questions parting from the document earlier: each resumes from a restored window
+    for part in (41, 30, 23):  # questions parting from the document earlier: each resumes from a restored window
         # (a stream layout may read the file again: the stream that held the restore went to the question before)
         ask = doc[:part] + words(rng, 3)
         hit0 = again.cache_hit_tokens

@@ -2,9 +2,10 @@
 hybrid model's recurrent state, recurrent.py; a window model's window, window.py), in host memory, least recently
 used first out within a byte budget.
 
-A checkpoint read back from disk is a view into the payload it came in (copying a restore's windows out of it cost
-more than the rest of the restore), so the budget counts the memory a checkpoint keeps alive: a whole payload, once,
-while any view into it is kept."""
+A checkpoint read back from disk is a view into the payload it came in where checkpoints are most of that payload
+(copying a restored window model's windows out of it cost more than the rest of the restore), else a copy (a view
+would keep the rest alive: a long prefix's attention state, which llama.cpp has taken by then). So the budget counts
+the memory a checkpoint keeps alive: a whole payload, once, while any view into it is kept."""
 from __future__ import annotations
 
 import collections
@@ -18,6 +19,14 @@ State = bytes | bytearray | memoryview  # a view: into a payload read back from 
 def state_pointer(data: State) -> "ctypes._Pointer[ctypes.c_uint8]":
     """A pointer to the bytes of `data` for llama.cpp to read, without a copy (valid while `data` lives)."""
     return np.frombuffer(data, dtype=np.uint8).ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+
+
+def kept(points: list[tuple[int, State]], payload: State) -> list[tuple[int, State]]:
+    """Checkpoints read back in `payload`, to keep: as they are (views into it) when they make up at least half of
+    it, else copies."""
+    if 2 * sum(len(d) for _, d in points) >= len(payload):
+        return points
+    return [(i, bytes(d)) for i, d in points]
 
 
 def _owner(data: State) -> tuple[int, int]:

@@ -25,7 +25,7 @@ import llama_cpp.llama_cpp as L
 from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common.kv_plan import host_kv_budget, plan_kv
 from . import amx, load_probe, offload
-from .checkpoints import State, state_pointer
+from .checkpoints import State, kept, state_pointer
 from .embedder import Embedder
 from .gguf_info import GGUFHeader, is_mla, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
@@ -571,7 +571,7 @@ class LlamaCppRunner(Runner):
         points: list[tuple[int, bytes]] = []
         if self._states is not None:
             parts = unpack_prefix(data)
-            data, points = parts if parts is not None else (b"", [])
+            data, points = (parts[0], kept(parts[1], data)) if parts is not None else (b"", [])
         if data and L.llama_state_seq_set_data(self._ctx, state_pointer(data), len(data), seq) and \
                 self._remove(seq, n, -1):
             if L.llama_memory_seq_pos_min(self._mem, seq) == 0 and (

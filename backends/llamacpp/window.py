@@ -24,7 +24,7 @@ from typing import Iterable
 
 import llama_cpp.llama_cpp as L
 
-from .checkpoints import Checkpoints, State, state_pointer
+from .checkpoints import Checkpoints, State, kept, state_pointer
 from .native import take_recent_errors
 from .recurrent import pack_prefix, unpack_prefix
 
@@ -224,13 +224,12 @@ class SlidingWindow:
         if not full or not self.load(seq, full, 0) or L.llama_memory_seq_pos_max(self._mem, seq) + 1 != stored_blocks * bs:
             return False
         L.llama_memory_seq_rm(self._mem, seq, n, -1)
-        kept = [i for i, _ in windows if i < len(blocks)]
+        windows = kept([(i, w) for i, w in windows if i < len(blocks)], data)
         for i, window in windows:
-            if i < len(blocks):
-                self.put(blocks[i], window)
+            self.put(blocks[i], window)
         # saved again later, the prefix keeps the same points (window_points takes a mark's own block first)
-        self._marks[seq] = sorted((i + 1) * bs for i in kept) + ([n] if self.covers(seq, n) else [])
-        return bool(kept) or self.covers(seq, n)
+        self._marks[seq] = sorted((i + 1) * bs for i, _ in windows) + ([n] if self.covers(seq, n) else [])
+        return bool(windows) or self.covers(seq, n)
 
     # ---- checkpoints ----
     def put(self, block: int, data: State) -> None:

@@ -7,6 +7,7 @@ torch, mlx or llama_cpp.
 from __future__ import annotations
 
 import abc
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -213,7 +214,7 @@ class Runner(abc.ABC):
     defaults that fit a runner whose KV memory *is* the engine's block pool (torch, MLX): override them where
     a backend differs (llama.cpp keeps KV cells of its own and overrides every one)."""
 
-    backend: str  # "torch" | "mlx" | "llamacpp"
+    backend: str  # its BackendSpec.name (registry.py)
     info: ModelInfo
     tokenizer: Tokenizer
     chat_template: str | None  # Jinja chat template from the model files, if any
@@ -342,7 +343,7 @@ class ModelLoadError(Exception):
 
 
 class UnsupportedArchitecture(ModelLoadError):
-    pass
+    """The backend does not run this model's architecture (or read its file format); the message names those that do."""
 
 
 class InsufficientMemory(ModelLoadError):
@@ -350,29 +351,24 @@ class InsufficientMemory(ModelLoadError):
 
 
 Loader = Callable[[str, RunnerSettings], Runner]
-_BACKENDS: dict[str, Callable[[], Loader]] = {}
-
-
-def register_backend(name: str, import_loader: Callable[[], Loader]) -> None:
-    """Register a backend lazily: `import_loader()` imports the heavy module only when first used."""
-    _BACKENDS[name] = import_loader
-
-
-def backend_names() -> list[str]:
-    return sorted(_BACKENDS)
 
 
 def load_runner(backend: str, model_path: str, settings: RunnerSettings) -> Runner:
-    """Load `model_path` (a GGUF file or an HF directory) with the named backend ("auto": by model, `auto_backend`)."""
+    """Load `model_path` (a GGUF file or an HF directory) with the named backend ("auto": by model, `auto_backend`);
+    a backend that cannot read the file or run its architecture refuses before importing anything (choice.unsupported
+    says which backends can)."""
+    from .choice import unsupported
+    from .registry import backend_spec
+
     if backend == "auto":
         backend = auto_backend(model_path)
-    if backend not in _BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
-    from .choice import unsupported
-
-    if (reason := unsupported(backend, model_path)) is not None:  # say which backend runs this architecture
+    spec = backend_spec(backend)  # ValueError naming the registered ones
+    if (reason := unsupported(backend, model_path)) is not None:
         raise UnsupportedArchitecture(reason)
-    return _BACKENDS[backend]()(model_path, settings)
+    if importlib.util.find_spec(spec.package) is None:  # `auto` may pick a backend for a format nothing installed reads
+        raise ModelLoadError(f"{model_path}: the {spec.title} backend needs the Python package {spec.package!r}, "
+                             "which is not installed")
+    return spec.load(model_path, settings)
 
 
 def auto_backend(model_path: str) -> str:

@@ -1,41 +1,34 @@
-"""Which backend serves a model: chosen per model (its file format) and per machine, as Ollama does.
+"""Which backend serves a model: chosen per model (its file format and architecture) and per machine, as Ollama does.
 
-A GGUF runs on llama.cpp everywhere: llama.cpp knows every architecture a GGUF carries, and its CUDA, Metal,
-Vulkan and ROCm kernels are where the model's layers go when the build can offload (the runner decides how
-many). An HF safetensors folder runs on torch CUDA on an NVIDIA GPU, MLX on Apple Silicon, torch on the CPU
-elsewhere (torch picks CUDA itself when it sees a GPU). `choose_backend` is pure; `probe_machine` gathers the facts.
-What each backend runs, architecture by architecture, is declared once here (`BACKEND_ARCHITECTURES`).
+What each backend reads and runs is its own declaration (registry.py); `auto` takes the most preferred installed
+backend that runs the model: a GGUF on llama.cpp everywhere (every architecture a GGUF carries, offloaded to a GPU
+where the build can), an HF safetensors folder on MLX on Apple Silicon, else torch (CUDA when it sees a GPU, else the
+CPU). `choose_backend` is pure; `probe_machine` gathers the facts.
 """
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import platform
 import struct
 from dataclasses import dataclass
 
-GGUF_MAGIC = b"GGUF"
+from .registry import FORMAT_NAMES, BackendSpec, backend_spec, specs
 
-# The architectures (GGUF general.architecture) each backend runs; None = every one its build knows. torch and MLX
-# implement the Llama decoder family themselves (backends/*/models/llama.py); llama.cpp also runs the sliding-window
-# (gemma3, gpt-oss), MoE (qwen3moe, gpt-oss, deepseek2), MLA (deepseek2) and hybrid recurrent (lfm2, qwen35, ...)
-# families, which reach torch and MLX never.
-LLAMA_DECODERS = ("llama", "mistral", "qwen2", "qwen3")  # common.model_args.SUPPORTED_ARCHITECTURES
-BACKEND_ARCHITECTURES: dict[str, tuple[str, ...] | None] = {
-    "llamacpp": None,
-    "torch": LLAMA_DECODERS,
-    "mlx": LLAMA_DECODERS,
-}
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
 
 
 def runs(backend: str, architecture: str | None) -> bool:
     """Whether `backend` runs models of `architecture` (an unknown one: left to the loader)."""
-    known = BACKEND_ARCHITECTURES.get(backend)
-    return known is None or architecture is None or architecture in known
+    return backend_spec(backend).runs(architecture)
 
 
-def backends_for(architecture: str) -> list[str]:
-    return [b for b in BACKEND_ARCHITECTURES if runs(b, architecture)]
+def backends_for(architecture: str | None, fmt: str = "unknown") -> list[str]:
+    """The backends that run `architecture` from a model file of format `fmt`, `auto`'s preferred first."""
+    return [s.name for s in specs() if s.runs(architecture) and s.reads(fmt)]
 
 
 def gguf_architecture(path: str) -> str | None:
@@ -57,12 +50,18 @@ def gguf_architecture(path: str) -> str | None:
 
 
 def unsupported(backend: str, model_path: str) -> str | None:
-    """Why `backend` cannot run the model (its architecture and the backends that run it), None when it can."""
-    arch = gguf_architecture(model_path) if BACKEND_ARCHITECTURES.get(backend) is not None else None
-    if runs(backend, arch):
+    """Why `backend` cannot run the model (its file format, or its architecture: and the backends that run it), None
+    when it can."""
+    spec = backend_spec(backend)
+    fmt = model_format(model_path)
+    if not spec.reads(fmt):
+        return (f"{model_path}: the {backend} backend reads {spec.describe_formats()}, not {FORMAT_NAMES[fmt]}; "
+                f"{', '.join(backends_for(None, fmt))} read it (EVENFLOW_BACKEND=auto picks one)")
+    arch = gguf_architecture(model_path) if spec.architectures is not None else None
+    if spec.runs(arch):
         return None
     return (f"{model_path}: the {backend} backend does not run architecture {arch!r} (it runs "
-            f"{', '.join(BACKEND_ARCHITECTURES[backend] or ())}); {arch} runs on: {', '.join(backends_for(arch))} "
+            f"{', '.join(spec.architectures or ())}); {arch} runs on: {', '.join(backends_for(arch))} "
             f"(EVENFLOW_BACKEND=auto picks it for a GGUF)")
 
 
@@ -71,9 +70,10 @@ class Machine:
     """What this machine offers the backends."""
 
     apple_silicon: bool
-    has_mlx: bool
-    has_torch: bool  # torch then picks CUDA when it sees a GPU, else the CPU
-    has_llamacpp: bool
+    installed: frozenset[str]  # the backends whose package is installed (torch then picks CUDA when it sees a GPU)
+
+    def fits(self, spec: BackendSpec) -> bool:
+        return self.apple_silicon or not spec.apple_silicon_only
 
 
 def model_format(path: str) -> str:
@@ -88,56 +88,35 @@ def model_format(path: str) -> str:
 
 
 def choose_backend(fmt: str, machine: Machine, architecture: str | None = None) -> str:
-    """The backend for a model of format `fmt` (and `architecture`, where known) on `machine` (the loader then
-    reports what it cannot read)."""
-    if fmt == "gguf" and machine.has_llamacpp:
-        return "llamacpp"
-    if fmt == "gguf" and not runs("torch", architecture):  # only llama.cpp runs it: its loader names what is missing
-        return "llamacpp"
-    if machine.apple_silicon and machine.has_mlx:
-        return "mlx"
-    if machine.has_torch:
-        return "torch"
-    if machine.has_llamacpp:  # no torch: llama.cpp is all there is, and says itself that it wants a GGUF
-        return "llamacpp"
-    return "torch"  # nothing installed: torch's loader names the missing package
+    """The backend for a model of format `fmt` (and `architecture`, where known) on `machine`: the most preferred
+    installed one that runs it, else the one that would (its loader names its missing package), else an installed one
+    (its loader says what it cannot read)."""
+    here = [s for s in specs() if machine.fits(s)]
+    fit = [s for s in here if s.reads(fmt) and s.runs(architecture)]
+    for candidates in ([s for s in fit if s.name in machine.installed], fit,
+                       [s for s in here if s.name in machine.installed], here):
+        if candidates:
+            return candidates[0].name
+    raise ValueError("no backend is registered")
 
 
 def probe_machine() -> Machine:
     """Installed packages (no import: a GGUF must not wait for torch to load)."""
     apple = platform.system() == "Darwin" and platform.machine() == "arm64"
-    found = lambda name: importlib.util.find_spec(name) is not None  # noqa: E731
-    return Machine(apple_silicon=apple, has_mlx=apple and found("mlx"), has_torch=found("torch"),
-                   has_llamacpp=found("llama_cpp"))
+    return Machine(apple_silicon=apple, installed=frozenset(
+        s.name for s in specs() if importlib.util.find_spec(s.package) is not None))
 
 
 _vram: dict[str, int] = {}
 
 
 def total_vram(backend: str) -> int:
-    """Total memory of the GPU(s) `backend` would use (0 without one): Ollama's default window keys on it. llama.cpp:
-    the devices it offloads to; torch: CUDA device 0; MLX: Metal's recommended working set. Cached per process."""
+    """Total memory of the GPU(s) `backend` would use (0 without one; its `BackendSpec.probe_vram`): Ollama's default
+    window keys on it. Cached per process."""
     if backend not in _vram:
-        _vram[backend] = _probe_vram(backend)
+        try:
+            _vram[backend] = int(backend_spec(backend).probe_vram())
+        except Exception:  # noqa: BLE001 - a broken driver means no GPU to size for, not a failed load
+            log.warning("could not read %s's GPU memory", backend, exc_info=True)
+            _vram[backend] = 0
     return _vram[backend]
-
-
-def _probe_vram(backend: str) -> int:
-    try:
-        if backend == "llamacpp":
-            from .llamacpp.devices import offload_devices, supports_gpu_offload
-
-            return sum(d.total for d in offload_devices()) if supports_gpu_offload() else 0
-        if backend == "torch":
-            import torch
-
-            return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
-        if backend == "mlx":
-            import mlx.core as mx
-
-            return int(mx.metal.device_info().get("max_recommended_working_set_size", 0)) if mx.metal.is_available() else 0
-    except Exception:  # noqa: BLE001 - a broken driver means no GPU to size for, not a failed load
-        import logging
-
-        logging.getLogger(__name__).warning("could not read %s's GPU memory", backend, exc_info=True)
-    return 0

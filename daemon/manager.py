@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
-from ..backends.choice import total_vram
+from ..backends.choice import model_format, total_vram
+from ..backends.registry import backend_spec, specs
 from ..backends.common.gpu_plan import default_context_length
 from .settings import FOREVER, Settings
 from .engine.draft_model import DraftVocabMismatch, check_vocab
@@ -206,13 +207,14 @@ class ModelManager:
         for m in self.models.values():
             m.engine.subscribe(fn)
 
-    async def acquire(self, name: str, *, keep_alive: float | None = None, num_ctx: int | None = None,
+    async def acquire(self, name: str | ModelRecord, *, keep_alive: float | None = None, num_ctx: int | None = None,
                       gpu: GpuOptions | None = None) -> Lease:
-        """Resolve, load if needed (shared), and hold `name` for one request whose sequence gets `num_ctx` tokens
-        (None: the model's default window; the lease says which); a ManagerError (or the resolver's) on failure."""
+        """Resolve (unless given the record the request resolved already), load if needed (shared), and hold `name`
+        for one request whose sequence gets `num_ctx` tokens (None: the model's default window; the lease says
+        which); a ManagerError (or the resolver's) on failure."""
         if self._closing:
             raise ShuttingDown("server is shutting down")
-        record = self.resolve(name)
+        record = name if isinstance(name, ModelRecord) else self.resolve(name)
         if record.remote is not None:
             raise CannotServe(f"model '{record.name}' is a remote model; this endpoint cannot serve it")
         check_num_ctx(record.name, num_ctx, record.context_length)  # before anything loads
@@ -352,15 +354,17 @@ class ModelManager:
             want = min(want, record.context_length)
         # Monolithic prefill puts a whole prompt in one forward: the backend's step limit must cover the window.
         step_cap = max(want, s.max_batched_tokens) if s.prefill == "monolithic" else s.max_batched_tokens
+        spec = backend_spec(backend)
         rs = RunnerSettings(max_num_seqs=self.slots, context_length=want, max_num_batched_tokens=step_cap,
                             device=_device(backend, s.device, gpu), num_threads=s.num_threads or None,
                             num_gpu=gpu.num_gpu, main_gpu=gpu.main_gpu,
                             kv_memory_fraction=s.gpu_kv_fraction, kv_layout=s.llamacpp_kv,
                             flash_attention=s.flash_attention, kv_cache_type=s.kv_cache_type,
-                            projector_path=record.projector if backend == "llamacpp" else None)
-        if s.kv_cache_type not in ("auto", "f16") and backend != "llamacpp":
-            log.warning("OLLAMA_KV_CACHE_TYPE=%s applies to the llama.cpp backend only; %s keeps its own KV type",
-                        s.kv_cache_type, backend)
+                            projector_path=record.projector if spec.vision else None)
+        if s.kv_cache_type not in spec.kv_cache_types:
+            log.warning("OLLAMA_KV_CACHE_TYPE=%s applies to the %s backend only; %s keeps its own KV type",
+                        s.kv_cache_type, " and ".join(b.title for b in specs() if s.kv_cache_type in b.kv_cache_types),
+                        backend)
         t0 = time.perf_counter_ns()
         log.info("loading %s from %s with %s (num_ctx %d, slots %s)", record.name, record.path, backend, want,
                  self.slots or "auto")
@@ -406,19 +410,22 @@ class ModelManager:
         name = record.params.get("draft_model")
         if not name:
             return None
-        if backend != "llamacpp":
+        spec = backend_spec(backend)
+        if not spec.draft_model:
             raise LoadFailed(f"model {record.name!r} names the draft model {name!r}, but draft models run on the "
-                             f"llama.cpp backend only (this model runs on {backend})", model_fault=True)
+                             f"{' and '.join(s.title for s in specs() if s.draft_model)} backend only (this model runs "
+                             f"on {backend})", model_fault=True)
         try:
             draft_record = self.resolve(name)
         except Exception as e:  # noqa: BLE001 - the resolver's own error says why (not found, invalid name)
             raise LoadFailed(f"the draft model {name!r} of {record.name!r}: {e}", model_fault=True) from None
-        if draft_record.remote is not None or auto_backend(draft_record.path) != "llamacpp":
-            raise LoadFailed(f"the draft model {name!r} of {record.name!r} must be a GGUF model", model_fault=True)
+        if draft_record.remote is not None or not spec.reads(model_format(draft_record.path)):
+            raise LoadFailed(f"the draft model {name!r} of {record.name!r} must be {spec.describe_formats()} (it runs "
+                             f"on {backend}, beside the model)", model_fault=True)
         settings = dataclasses.replace(rs, max_num_seqs=runner.max_num_seqs, num_kv_blocks=None,
                                        projector_path=None)
         try:
-            draft = await asyncio.to_thread(self.loader, "llamacpp", draft_record.path, settings)
+            draft = await asyncio.to_thread(self.loader, backend, draft_record.path, settings)
         except ModelLoadError as e:
             raise LoadFailed(f"failed to load the draft model {name!r}: {public_text(str(e), draft_record.path)}",
                              model_fault=True) from None
@@ -508,13 +515,14 @@ def public_text(text: str, model_path: str) -> str:
 
 
 def _device(backend: str, device: str, gpu: GpuOptions) -> str:
-    """torch's device for Ollama's options: num_gpu 0 = the CPU, main_gpu N = cuda:N (torch runs a model whole:
-    any other num_gpu means the GPU). llama.cpp reads num_gpu / main_gpu itself."""
-    if backend != "torch" or device != "auto":
+    """The device for Ollama's options where they pick it (torch runs a model whole: num_gpu 0 = the CPU, main_gpu N
+    = cuda:N, any other num_gpu the GPU; `BackendSpec.gpu_device`). llama.cpp reads num_gpu / main_gpu itself."""
+    pattern = backend_spec(backend).gpu_device
+    if pattern is None or device != "auto":
         return device
     if gpu.num_gpu == 0:
         return "cpu"
-    return f"cuda:{gpu.main_gpu}" if gpu.main_gpu is not None else device
+    return pattern.format(gpu.main_gpu) if gpu.main_gpu is not None else device
 
 
 def _memory_size(record: ModelRecord, runner: Runner) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
+from ..backends.registry import backend_names
 from .apikey import check_key, default_key_file, read_key_file
 
 log = logging.getLogger(__name__)
@@ -251,8 +252,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("context_length", _twin("OLLAMA_CONTEXT_LENGTH"), _int_min(0), "an integer >= 0",
                 "default num_ctx (0 = by the GPU's total memory as Ollama: 4096 under 24 GiB or without a GPU, "
                 "32768 up to 48 GiB, 262144 above; clamped to the model's trained context)"),
-    SettingSpec("backend", ("EVENFLOW_BACKEND",), _choice("auto", "torch", "mlx", "llamacpp"),
-                "auto, torch, mlx or llamacpp", "model runner backend"),
+    SettingSpec("backend", ("EVENFLOW_BACKEND",), _choice("auto", *backend_names()),
+                f"auto, {', '.join(backend_names()[:-1])} or {backend_names()[-1]}", "model runner backend"),
     SettingSpec("device", ("EVENFLOW_DEVICE",), lambda s: s.strip() or "auto", "auto, cpu, cuda, cuda:N or mps",
                 "torch device"),
     SettingSpec("prefill", ("EVENFLOW_PREFILL",), _choice("chunked", "monolithic"), "chunked or monolithic",

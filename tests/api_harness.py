@@ -13,15 +13,15 @@ from typing import Any
 import httpx
 import uvicorn
 
+from evenflow.backends.registry import backend_spec
 from evenflow.daemon.settings import Settings, load_settings
 from evenflow.daemon.context import AppContext
 from evenflow.daemon.server import bind_socket, create_app
 
 # Every installed backend serves the API tests (the official clients end to end through each);
 # EVENFLOW_TEST_BACKENDS=torch narrows it.
-_MODULES = {"torch": "torch", "llamacpp": "llama_cpp", "mlx": "mlx"}
 BACKENDS = [b.strip() for b in os.environ.get("EVENFLOW_TEST_BACKENDS", "torch,llamacpp,mlx").split(",")
-            if b.strip() and importlib.util.find_spec(_MODULES.get(b.strip(), b.strip())) is not None]
+            if b.strip() and importlib.util.find_spec(backend_spec(b.strip()).package) is not None]
 
 
 @dataclass

@@ -7,11 +7,17 @@ import platform
 
 import pytest
 
-from evenflow.backends.base import RunnerSettings, auto_backend, backend_names, load_runner
+from evenflow.backends.base import RunnerSettings, auto_backend, load_runner
 from evenflow.backends.choice import Machine, choose_backend, model_format
+from evenflow.backends.registry import backend_names
 
-LINUX_GPU = Machine(apple_silicon=False, has_mlx=False, has_torch=True, has_llamacpp=True)
-MAC = Machine(apple_silicon=True, has_mlx=True, has_torch=True, has_llamacpp=True)
+
+def machine(apple_silicon: bool, *installed: str) -> Machine:
+    return Machine(apple_silicon=apple_silicon, installed=frozenset(installed))
+
+
+LINUX_GPU = machine(False, "torch", "llamacpp")
+MAC = machine(True, "mlx", "torch", "llamacpp")
 
 
 def test_registered_backends():
@@ -28,17 +34,23 @@ def test_a_gguf_runs_on_llamacpp_on_every_machine(machine):
 def test_an_hf_folder_runs_on_torch_or_mlx():
     assert choose_backend("safetensors", LINUX_GPU) == "torch"  # torch takes CUDA when it sees a GPU, else the CPU
     assert choose_backend("safetensors", MAC) == "mlx"
-    intel_mac = Machine(apple_silicon=False, has_mlx=False, has_torch=True, has_llamacpp=True)
+    intel_mac = machine(False, "torch", "llamacpp")
     assert choose_backend("safetensors", intel_mac) == "torch"
-    mac_without_mlx = Machine(apple_silicon=True, has_mlx=False, has_torch=True, has_llamacpp=True)
+    mac_without_mlx = machine(True, "torch", "llamacpp")
     assert choose_backend("safetensors", mac_without_mlx) == "torch"
+    linux_with_mlx_cpu = machine(False, "mlx", "torch")  # MLX's Linux CPU build is for tests: never `auto`'s pick
+    assert choose_backend("safetensors", linux_with_mlx_cpu) == choose_backend("gguf", linux_with_mlx_cpu) == "torch"
 
 
 def test_missing_packages_fall_back_to_what_is_installed():
-    only_torch = Machine(apple_silicon=False, has_mlx=False, has_torch=True, has_llamacpp=False)
+    only_torch = machine(False, "torch")
     assert choose_backend("gguf", only_torch) == "torch"  # torch reads the GGUFs of the architectures it knows
-    only_llamacpp = Machine(apple_silicon=False, has_mlx=False, has_torch=False, has_llamacpp=True)
-    assert choose_backend("safetensors", only_llamacpp) == "llamacpp"  # which says it wants a GGUF file
+    assert choose_backend("gguf", machine(True, "mlx")) == "mlx"  # so does MLX
+    only_llamacpp = machine(False, "llamacpp")
+    # no installed backend reads an HF folder: the one that would (its loader names its missing package)
+    assert choose_backend("safetensors", only_llamacpp) == "torch"
+    assert choose_backend("safetensors", machine(True, "llamacpp")) == "mlx"
+    assert choose_backend("unknown", machine(False)) == "llamacpp"  # nothing installed: the loader says so
 
 
 def test_model_format_reads_the_file(tmp_path, synthetic_model):
@@ -60,20 +72,22 @@ def test_auto_backend_on_this_machine(synthetic_model):
         assert auto_backend(str(paths["hf"])) == "torch"
 
 
-# ---- what each backend runs, by architecture (choice.BACKEND_ARCHITECTURES) ----
+# ---- what each backend runs, by architecture (its BackendSpec.architectures) ----
 
 def test_a_gguf_only_llamacpp_runs_goes_to_llamacpp_even_without_it():
-    from evenflow.backends.choice import BACKEND_ARCHITECTURES, backends_for
+    from evenflow.backends.choice import backends_for
+    from evenflow.backends.registry import backend_spec
     from evenflow.backends.synthetic.archs import GGUF_ONLY
 
-    only_torch = Machine(apple_silicon=False, has_mlx=False, has_torch=True, has_llamacpp=False)
+    only_torch = machine(False, "torch")
     assert choose_backend("gguf", only_torch, "llama") == "torch"  # torch reads a Llama-shaped GGUF itself
     for arch in GGUF_ONLY:  # ... but not these: llama.cpp's loader then says what is missing
         assert choose_backend("gguf", only_torch, arch) == "llamacpp"
         assert choose_backend("gguf", MAC, arch) == "llamacpp"
         assert backends_for(arch) == ["llamacpp"]
-    assert backends_for("qwen3") == ["llamacpp", "torch", "mlx"]
-    assert BACKEND_ARCHITECTURES["llamacpp"] is None
+    assert backends_for("qwen3") == ["llamacpp", "mlx", "torch"]
+    assert backends_for("qwen3", "safetensors") == ["mlx", "torch"]
+    assert backend_spec("llamacpp").architectures is None
 
 
 def test_a_forced_backend_that_cannot_run_the_architecture_says_which_can(synthetic_model):

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from evenflow.backends.base import GrammarVocab, RunnerSettings, load_runner, special_piece
+from evenflow.backends.base import GrammarVocab, RunnerSettings, load_runner
 from evenflow.daemon.engine import Engine, EngineConfig, SamplingParams
 from evenflow.daemon.engine.grammar import GrammarCompiler, GrammarError, grammar_for_format, mask_rows
 
-from toy_runner import EOS, ByteTokenizer, ToyRunner
+from toy_runner import EOS, ToyRunner
 
 needs_llama = pytest.mark.skipif(not importlib.util.find_spec("llama_cpp"), reason="llama-cpp-python not installed")
 needs_mlx = pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")
@@ -286,7 +286,6 @@ class _ScriptedRunner(ToyRunner):
     def __init__(self, script: bytes) -> None:
         super().__init__(max_num_seqs=2)
         self.script = list(script)
-        self.tokenizer = _ToyGrammarTokenizer()
 
     def step(self, batch):
         logits = super().step(batch)
@@ -298,12 +297,6 @@ class _ScriptedRunner(ToyRunner):
                     logits[row, self.script[k]] = 100.0
                 row += 1
         return logits
-
-
-class _ToyGrammarTokenizer(ByteTokenizer):
-    def grammar_vocab(self) -> GrammarVocab:
-        toks = [bytes([i]) for i in range(256)] + [special_piece(b"<eos>"), special_piece(b"<bos>")]
-        return GrammarVocab(toks, [256, 257], [EOS], 257, lambda s: list(s.encode("utf-8")))
 
 
 def test_thinking_stays_unconstrained_then_the_answer_is():

@@ -17,6 +17,10 @@ Inside daemon/api/, rooms (docs/architecture.md): a folder per dialect (ollama/,
 the shared request pipeline (pipeline/), the HTTP house (http/), the model routes (models/) and remote models
 (remote/). Dialects do not import each other (Responses is translated to a chat completion: responses/ may use
 openai/); the pipeline and the HTTP house import no dialect; the HTTP house imports nothing else of the API.
+Remote models run the one pipeline: pipeline/ and a dialect's prepare step use remote/ (an upstream engine is
+another source of deltas, its request is built in remote/'s terms); remote/ uses no dialect, the pipeline or the
+model routes, so it writes no dialect's replies. A dialect's reply reads deltas and never knows their source: it
+imports neither source (engine_stream, upstream_stream), remote/, the engine nor the model manager.
 """
 from __future__ import annotations
 
@@ -61,6 +65,13 @@ FORBIDDEN += tuple(
 FORBIDDEN += tuple(
     ("daemon.api.http", f"daemon.api.{room}", "the HTTP house is the API's floor: the other rooms stand on it", ())
     for room in ("pipeline", "models", "remote"))
+FORBIDDEN += tuple(
+    ("daemon.api.remote", f"daemon.api.{room}", "remote/ stands below the pipeline: the pipeline runs remote models "
+     "and the dialects' replies answer them", ()) for room in (*DIALECTS, "pipeline", "models"))
+FORBIDDEN += tuple(
+    (f"daemon.api.{d}.reply", below, "a reply reads deltas, whichever source gives them", ())
+    for d in DIALECTS for below in ("daemon.api.pipeline.engine_stream", "daemon.api.pipeline.upstream_stream",
+                                    "daemon.api.remote", "daemon.engine.engine", "daemon.manager"))
 
 
 def module_name(path: Path) -> str:
@@ -219,7 +230,8 @@ def test_the_graph_is_read():
     assert len(GRAPH) > 100
     for sub in ("daemon", "backends", "clients", "tui", "link"):
         assert f"{PACKAGE}.{sub}" in GRAPH, sub
-    assert "evenflow.daemon.api.pipeline.prepare" in GRAPH["evenflow.daemon.api.anthropic.routes"]  # the rooms are seen
+    assert "evenflow.daemon.api.pipeline.prepare" in GRAPH["evenflow.daemon.api.anthropic.prepare"]  # the rooms are seen
+    assert "evenflow.daemon.api.remote.convert" in GRAPH["evenflow.daemon.api.anthropic.prepare"]
     assert "evenflow.daemon.settings" in GRAPH["evenflow.clients.cli"]  # from ..daemon.settings import ...
     assert "evenflow.tui.app" in GRAPH["evenflow.tui.demo"]  # deferred, and under TYPE_CHECKING
     assert "evenflow.tui" in GRAPH["evenflow.clients.cli"]  # from .. import tui
@@ -259,3 +271,6 @@ def test_the_checks_catch_a_new_cycle_and_an_upward_import():
     graph["evenflow.daemon.api.anthropic.routes"]["evenflow.daemon.api.ollama.prepare"] = 1  # a dialect crossing
     rule = next(r for r in FORBIDDEN if r[:2] == ("daemon.api.anthropic", "daemon.api.ollama"))
     assert _violations(graph, rule) == [("evenflow.daemon.api.anthropic.routes", "evenflow.daemon.api.ollama.prepare")]
+    graph["evenflow.daemon.api.remote.hub"]["evenflow.daemon.api.ollama.reply"] = 1  # remote writing a dialect's reply
+    rule = next(r for r in FORBIDDEN if r[:2] == ("daemon.api.remote", "daemon.api.ollama"))
+    assert _violations(graph, rule) == [("evenflow.daemon.api.remote.hub", "evenflow.daemon.api.ollama.reply")]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from evenflow.backends.base import Batch, ModelInfo, Runner
+from evenflow.backends.base import Batch, GrammarVocab, ModelInfo, Runner, special_piece
 
 EOS, BOS, VOCAB = 256, 257, 258
 
@@ -31,6 +31,10 @@ class ByteTokenizer:
 
     def id_to_piece(self, token_id: int) -> str | None:
         return chr(token_id) if token_id < 256 else None  # the special tokens are spelt nowhere (no bos/eos text)
+
+    def grammar_vocab(self) -> GrammarVocab:
+        tokens = [bytes([i]) for i in range(256)] + [special_piece(b"<eos>"), special_piece(b"<bos>")]
+        return GrammarVocab(tokens, [EOS, BOS], [EOS], BOS, lambda text: list(text.encode("utf-8")))
 
 
 class ToyRunner(Runner):

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..base import ModelInfo, ModelLoadError, UnsupportedArchitecture
-from ..choice import LLAMA_DECODERS
+from ..registry import LLAMA_DECODERS
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = LLAMA_DECODERS  # what torch and MLX run: declared with every backend's, in choice.py
+SUPPORTED_ARCHITECTURES = LLAMA_DECODERS  # what torch and MLX run (their BackendSpec.architectures)
 # HF `architectures[0]` -> our architecture name.
 _HF_CLASSES = {
     "LlamaForCausalLM": "llama",

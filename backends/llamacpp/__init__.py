@@ -1,16 +1,25 @@
 """llama.cpp backend: GGUF models through llama-cpp-python's low-level API, one `llama_decode` per engine step.
 
-`runner.load(path, settings)` is registered lazily in `evenflow.backends`; importing this package does not
-import llama_cpp.
+Registered here with what it can do; importing this package imports neither llama_cpp nor its runner (`lib.py` is
+where llama_cpp is first imported).
 """
-import os
+from ..registry import BackendSpec, register_backend
 
-# llama-cpp-python's wheels build ggml with OpenMP: each op of a step ends at a barrier (hundreds a step), where a
-# thread that arrives first polls 300,000 times (libgomp's default) before it sleeps. On a machine with more runnable
-# threads than cores (a desktop's other programs, another model, a build), the polling thread holds the core its peer
-# needs to finish, and a step takes many times its share: 4 decodes of the bench model took 8.9 s instead of 0.34 s
-# at load 19 on 2 cores (docs/bench/omp_wait.md). 1,000 polls cover a barrier whose peer is running, then the thread
-# sleeps. libgomp reads this once, when llama.cpp's library loads (the first import of llama_cpp, in this package);
-# a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "1000"
+
+def _load(model_path: str, settings):
+    from .runner import load
+
+    return load(model_path, settings)
+
+
+def _probe_vram() -> int:
+    """The memory of the devices it offloads to, 0 for a build that cannot offload."""
+    from .devices import offload_devices, supports_gpu_offload
+
+    return sum(d.total for d in offload_devices()) if supports_gpu_offload() else 0
+
+
+register_backend(BackendSpec(
+    name="llamacpp", package="llama_cpp", title="llama.cpp", load=_load, probe_vram=_probe_vram, formats=("gguf",),
+    architectures=None,  # every architecture its build knows: its loader names one it does not
+    preference=0, vision=True, kv_cache_types=("auto", "f16", "q8_0", "q4_0"), draft_model=True))

@@ -54,7 +54,7 @@ def _cache_file() -> Path:
 
 
 def _cache_key() -> str:
-    import llama_cpp
+    from .lib import llama_cpp
 
     return hashlib.sha256(f"{cpu_model()}|{llama_cpp.__version__}".encode()).hexdigest()[:16]
 
@@ -173,7 +173,7 @@ def write_probe_model(path: str, n_embd: int = 256, n_ff: int = 512, n_layer: in
 
 def _probe_main(model_path: str) -> int:
     """Child process: load with extra bufts, prefill 32 tokens then decode a few; SIGILL kills us here."""
-    import llama_cpp.llama_cpp as L
+    from .lib import L
 
     L.llama_backend_init()
     mp = L.llama_model_default_params()

@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-import llama_cpp.llama_cpp as L
+from .lib import L
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import llama_cpp.llama_cpp as L
+from .lib import L
 
 from .native import take_recent_errors
 

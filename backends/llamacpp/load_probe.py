@@ -95,7 +95,7 @@ def _main(path: str) -> int:
     """Child: load `path` as the runner does (mmap, CPU), then make a generation and an embeddings context."""
     import ctypes
 
-    import llama_cpp.llama_cpp as L
+    from .lib import L
 
     @L.llama_log_callback
     def quiet(level: int, text: bytes, user: ctypes.c_void_p) -> None:

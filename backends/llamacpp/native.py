@@ -8,7 +8,7 @@ import os
 import threading
 from typing import Any
 
-import llama_cpp.llama_cpp as L
+from .lib import L
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("evenflow.backends.llamacpp.native")

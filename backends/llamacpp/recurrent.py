@@ -18,7 +18,7 @@ import ctypes
 import logging
 import struct
 
-import llama_cpp.llama_cpp as L
+from .lib import L
 
 from ..common.kv_plan import available_host_bytes
 from .checkpoints import Checkpoints, State, state_pointer

@@ -18,15 +18,14 @@ import logging
 import os
 import time
 
-import llama_cpp
 import numpy as np
-import llama_cpp.llama_cpp as L
 
 from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common.kv_plan import host_kv_budget, plan_kv
 from . import amx, load_probe, offload
 from .checkpoints import State, kept, state_pointer
 from .embedder import Embedder
+from .lib import L, llama_cpp
 from .gguf_info import GGUFHeader, is_mla, key_head_dim, kv_bytes_per_token, model_info, read_header
 from .native import ensure_backend, physical_cores, take_recent_errors
 from .prefix import PrefixCells
@@ -117,6 +116,7 @@ class LlamaCppRunner(Runner):
     layout), `max_batch_tokens` (n_batch), `device`, `kv_layout` and `kv_types` are set per instance at load."""
 
     backend = "llamacpp"
+    placement: "offload.Placement | None" = None  # where the layers go; None until chosen (_kv_bytes runs before)
 
     def __init__(self, model_path: str, settings: RunnerSettings):
         if settings.max_num_seqs is not None and not 1 <= settings.max_num_seqs <= L.llama_max_parallel_sequences():
@@ -311,8 +311,9 @@ class LlamaCppRunner(Runner):
 
     def _cpu_only(self) -> bool:
         """No layer on a GPU: the placement's word once made (num_gpu 0 on a GPU build too), else the build's."""
-        placement = getattr(self, "placement", None)
-        return placement.gpu_layers == 0 if placement is not None else not L.llama_supports_gpu_offload()
+        if self.placement is not None:
+            return self.placement.gpu_layers == 0
+        return not L.llama_supports_gpu_offload()
 
     def _flash_attn_type(self, choice: str) -> int:
         """auto = off when no layer is on a GPU (a CPU-only build, or num_gpu 0): the CPU flash-attention kernel

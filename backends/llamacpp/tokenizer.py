@@ -5,7 +5,7 @@ import ctypes
 import logging
 from typing import Callable
 
-import llama_cpp.llama_cpp as L
+from .lib import L
 
 from ..base import GrammarVocab, special_piece
 

@@ -189,7 +189,7 @@ class LlamaCppVision(VisionEncoder):
 def attach_vision(runner, projector_path: str) -> None:
     """Load the projector beside a loaded runner (runner.vision); on failure keep the text model and record why
     images cannot be served (runner.vision_error), so text requests still work."""
-    import llama_cpp.llama_cpp as L  # noqa: PLC0415
+    from .lib import L  # noqa: PLC0415
 
     try:
         n_embd = int(L.llama_model_n_embd(runner.llama_model))

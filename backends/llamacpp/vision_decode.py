@@ -7,7 +7,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
-import llama_cpp.llama_cpp as L
+from .lib import L
 
 from ..base import Batch, SeqSpan
 

@@ -22,7 +22,7 @@ import ctypes
 import logging
 from typing import Iterable
 
-import llama_cpp.llama_cpp as L
+from .lib import L
 
 from .checkpoints import Checkpoints, State, kept, state_pointer
 from .native import take_recent_errors

@@ -70,10 +70,6 @@ class PagedKVCache:
         self.v.clear()
 
 
-def bytes_per_block(num_layers: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: mx.Dtype) -> int:
-    return 2 * num_layers * block_size * n_kv_heads * head_dim * dtype.size
-
-
 def kv_budget_bytes(device: mx.Device, fraction: float) -> int:
     """Bytes the KV may take: a fraction of Metal's recommended working set left after the weights, else host RAM."""
     if device.type == mx.gpu and mx.metal.is_available():

@@ -15,10 +15,10 @@ import numpy as np
 
 from ..base import Batch, ModelInfo, Runner, RunnerSettings
 from ..common import build_model_info
+from ..common.paged_setup import check_settings, log_loaded, pick_dtype, plan_pool
 from ..common.paging import PagedPrefixIO, check_ids, check_step
 from .attention import build_step_attention, dense_causal
-from ..common.kv_plan import plan_kv
-from .paged_kv import PagedKVCache, bytes_per_block, kv_budget_bytes
+from .paged_kv import PagedKVCache, kv_budget_bytes
 from .models import build_model
 from .weights import load_weights
 
@@ -43,11 +43,7 @@ def resolve_device(name: str) -> mx.Device:
 
 def resolve_dtype(name: str, device: mx.Device) -> mx.Dtype:
     """`auto` = bfloat16 on the GPU (mlx-lm's usual), float32 on the CPU (exact, and CPU bf16 matmuls are slow)."""
-    if name == "auto":
-        return mx.bfloat16 if device.type == mx.gpu else mx.float32
-    if name not in _DTYPES:
-        raise ValueError(f"dtype {name!r} invalid; allowed: auto, {', '.join(_DTYPES)}")
-    return _DTYPES[name]
+    return pick_dtype(name, mx.bfloat16 if device.type == mx.gpu else mx.float32, _DTYPES)
 
 
 class MlxRunner(PagedPrefixIO, Runner):
@@ -58,11 +54,10 @@ class MlxRunner(PagedPrefixIO, Runner):
 
     def __init__(self, model_path: str, settings: RunnerSettings) -> None:
         t0 = time.perf_counter()
+        check_settings(settings)
         self._mx_device = resolve_device(settings.device)
         self.device = "gpu" if self._mx_device.type == mx.gpu else "cpu"  # what the engine's CPU checks read
         self.dtype = resolve_dtype(settings.dtype, self._mx_device)
-        if settings.block_size <= 0:
-            raise ValueError(f"block_size={settings.block_size} must be > 0")
         if settings.num_threads is not None:
             log.info("mlx backend: num_threads=%s ignored (MLX sizes its CPU thread pool itself)", settings.num_threads)
         with mx.stream(self._mx_device):
@@ -76,21 +71,14 @@ class MlxRunner(PagedPrefixIO, Runner):
         self.info: ModelInfo = build_model_info(self.args, loaded.parameter_count, files.file_type, extra)
         self.tokenizer = files.tokenizer
         self.chat_template = files.chat_template
-        self.block_size = settings.block_size
-        self.context_length = settings.context_length or self.args.max_position_embeddings
-        n_kv, hd = int(self.args.num_key_value_heads or 0), int(self.args.head_dim or 0)
-        block_bytes = bytes_per_block(self.args.num_hidden_layers, self.block_size, n_kv, hd, self.dtype)
-        self.num_kv_blocks, self.max_num_seqs = plan_kv(
-            requested_blocks=settings.num_kv_blocks, max_num_seqs=settings.max_num_seqs,
-            context_length=self.context_length, block_size=self.block_size, block_bytes=block_bytes,
-            budget_bytes=kv_budget_bytes(self._mx_device, settings.kv_memory_fraction), dedicated_pool=False)
+        pool = plan_pool(self.args, settings, self.dtype.size, kv_budget_bytes(self._mx_device,
+                                                                              settings.kv_memory_fraction), False)
+        self.block_size, self.context_length = pool.block_size, pool.context_length
+        self.num_kv_blocks, self.max_num_seqs = pool.num_kv_blocks, pool.max_num_seqs
         with mx.stream(self._mx_device):
-            self.kv: PagedKVCache | None = PagedKVCache(self.args.num_hidden_layers, self.num_kv_blocks,
-                                                        self.block_size, n_kv, hd, self.dtype)
-        log.info("mlx runner: %s (%s, %s) on %s/%s, %d KV blocks x %d tokens (%.1f MiB), loaded in %.2fs",
-                 model_path, self.info.architecture, self.info.file_type, self.device, self.dtype,
-                 self.num_kv_blocks, self.block_size, self.num_kv_blocks * block_bytes / 2**20,
-                 time.perf_counter() - t0)
+            self.kv: PagedKVCache | None = PagedKVCache(pool.num_layers, pool.num_kv_blocks, pool.block_size,
+                                                        pool.n_kv_heads, pool.head_dim, self.dtype)
+        log_loaded(log, self.backend, model_path, self, pool, time.perf_counter() - t0)
 
     def _ids(self, token_ids: list[int]) -> mx.array:
         check_ids(token_ids, self.args.vocab_size)

@@ -53,11 +53,6 @@ class PagedKVCache:
         self.v.clear()
 
 
-def bytes_per_block(num_layers: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * n_kv_heads * head_dim * elem
-
-
 def kv_budget_bytes(device: torch.device, fraction: float) -> int:
     """Bytes the KV may take: a fraction of free CUDA memory, else of available host RAM."""
     if device.type == "cuda":

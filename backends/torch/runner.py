@@ -7,12 +7,12 @@ import time
 import numpy as np
 import torch
 
-from ..base import Batch, InsufficientMemory, ModelInfo, ModelLoadError, Runner, RunnerSettings
+from ..base import Batch, InsufficientMemory, ModelInfo, Runner, RunnerSettings
 from ..common import build_model_info, open_model
+from ..common.paged_setup import check_settings, log_loaded, pick_dtype, plan_pool
 from ..common.paging import PagedPrefixIO, check_ids, check_step
 from .attention import build_step_attention, dense_causal
-from ..common.kv_plan import plan_kv
-from .paged_kv import PagedKVCache, bytes_per_block, kv_budget_bytes
+from .paged_kv import PagedKVCache, kv_budget_bytes
 from .models import build_model
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,7 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto` = bfloat16 on CUDA (float16 on MPS), float32 on CPU."""
-    if name == "auto":
-        return {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32)
-    if name not in _DTYPES:
-        raise ValueError(f"dtype {name!r} invalid; allowed: auto, {', '.join(_DTYPES)}")
-    return _DTYPES[name]
+    return pick_dtype(name, {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32), _DTYPES)
 
 
 class TorchRunner(PagedPrefixIO, Runner):
@@ -54,14 +50,11 @@ class TorchRunner(PagedPrefixIO, Runner):
 
     def __init__(self, model_path: str, settings: RunnerSettings) -> None:
         t0 = time.perf_counter()
+        check_settings(settings)
         self.device = resolve_device(settings.device)
         self.dtype = resolve_dtype(settings.dtype, self.device)
         if settings.num_threads is not None:
-            if settings.num_threads <= 0:
-                raise ValueError(f"num_threads={settings.num_threads} must be a positive int")
             torch.set_num_threads(settings.num_threads)
-        if settings.block_size <= 0:
-            raise ValueError(f"block_size={settings.block_size} must be > 0")
         src = open_model(model_path)
         files = src.files()
         self.args = files.args
@@ -72,21 +65,13 @@ class TorchRunner(PagedPrefixIO, Runner):
         self.info: ModelInfo = build_model_info(self.args, src.parameter_count, files.file_type, files.metadata)
         self.tokenizer = files.tokenizer
         self.chat_template = files.chat_template
-        self.block_size = settings.block_size
-        self.context_length = settings.context_length or self.args.max_position_embeddings
-        n_kv, hd = int(self.args.num_key_value_heads or 0), int(self.args.head_dim or 0)
-        block_bytes = bytes_per_block(self.args.num_hidden_layers, self.block_size, n_kv, hd, self.dtype)
-        self.num_kv_blocks, self.max_num_seqs = plan_kv(
-            requested_blocks=settings.num_kv_blocks, max_num_seqs=settings.max_num_seqs,
-            context_length=self.context_length, block_size=self.block_size, block_bytes=block_bytes,
-            budget_bytes=kv_budget_bytes(self.device, settings.kv_memory_fraction),
-            dedicated_pool=self.device.type == "cuda")
-        self.kv: PagedKVCache | None = PagedKVCache(self.args.num_hidden_layers, self.num_kv_blocks, self.block_size,
-                                                    n_kv, hd, self.device, self.dtype)
-        log.info("torch runner: %s (%s, %s) on %s/%s, %d KV blocks x %d tokens (%.1f MiB), loaded in %.2fs",
-                 model_path, self.info.architecture, self.info.file_type, self.device, self.dtype,
-                 self.num_kv_blocks, self.block_size, self.num_kv_blocks * block_bytes / 2**20,
-                 time.perf_counter() - t0)
+        pool = plan_pool(self.args, settings, torch.empty((), dtype=self.dtype).element_size(),
+                         kv_budget_bytes(self.device, settings.kv_memory_fraction), self.device.type == "cuda")
+        self.block_size, self.context_length = pool.block_size, pool.context_length
+        self.num_kv_blocks, self.max_num_seqs = pool.num_kv_blocks, pool.max_num_seqs
+        self.kv: PagedKVCache | None = PagedKVCache(pool.num_layers, pool.num_kv_blocks, pool.block_size,
+                                                    pool.n_kv_heads, pool.head_dim, self.device, self.dtype)
+        log_loaded(log, self.backend, model_path, self, pool, time.perf_counter() - t0)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -16,6 +16,7 @@ import llguidance as llg
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
+from ...backends.base import Tokenizer
 from .json_schema import SchemaError, check_finite, check_size, ollama_semantics
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def grammar_for_tool_call(schema: dict[str, Any], prefix: str = "", suffix: str 
 class GrammarCompiler:
     """One model's vocabulary in llguidance, built on first use (a second for a large vocab) and kept."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size  # logits width (may exceed the tokenizer's ids: padding rows)
         self._lock = threading.Lock()
@@ -101,10 +102,7 @@ class GrammarCompiler:
     def _lltokenizer(self) -> llg.LLTokenizer:
         with self._lock:
             if self._ll is None:
-                vocab_fn = getattr(self._tokenizer, "grammar_vocab", None)
-                if vocab_fn is None:
-                    raise GrammarError("this model's tokenizer does not support structured outputs")
-                self._ll = _build_lltokenizer(vocab_fn(), self._vocab_size)
+                self._ll = _build_lltokenizer(self._tokenizer.grammar_vocab(), self._vocab_size)
                 self._executor = llg.LLExecutor()
             return self._ll
 

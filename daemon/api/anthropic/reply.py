@@ -8,12 +8,9 @@ import json
 import secrets
 from typing import Any, AsyncIterator
 
-from ...manager import LoadedModel
-from ...prompt.reply import ReplyParser
 from ..http.errors import APIError, anthropic_error
 from ..http.wire import Wire
-from ..pipeline.engine_stream import Generation, Piece
-from ..pipeline.prepare import Prepared
+from ..pipeline.deltas import Delta, Facts, Generation
 from .request import MessagesRequest
 
 
@@ -122,19 +119,19 @@ def _delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
 
 
 class AnthropicReply:
-    """/v1/messages for a local model: the output split by the model's template (thinking, text, tool calls)."""
+    """/v1/messages: the output's thinking, text and tool calls as a message's blocks, whole or as events. An
+    upstream engine tells the prompt's size only at the end, and not which stop sequence matched."""
 
-    def __init__(self, req: MessagesRequest, model: LoadedModel, prep: Prepared) -> None:
+    def __init__(self, req: MessagesRequest, facts: Facts) -> None:
         self.max_tokens = req.max_tokens
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
-        self.token_bytes = model.runner.tokenizer.token_bytes
-        self.stops = prep.params.stop or []
-        self.writer = MessageWriter(req.model, len(prep.prompt_ids))
+        self.token_bytes = facts.tokenizer.token_bytes if facts.tokenizer is not None else None
+        self.stops = facts.stops
+        self.writer = MessageWriter(req.model, facts.prompt_tokens)
 
     def _stop_sequence(self, text: str, ids: list[int]) -> str | None:
         """The stop sequence that ended the output, if one did. The engine emits the text before it and drops
         the rest; the output tokens, decoded whole, hold the stop right after what was emitted."""
-        if not self.stops:
+        if not self.stops or self.token_bytes is None:
             return None
         rest = b"".join(self.token_bytes(t) for t in ids).decode("utf-8", errors="replace")[len(text):]
         return next((s for s in self.stops if rest.startswith(s)), None)
@@ -148,26 +145,25 @@ class AnthropicReply:
 
     def whole(self, gens: list[Generation]) -> dict[str, Any]:
         g = gens[0]
-        thinking, text, calls = self.parser.parse_all(g.text)
-        self.writer.add(thinking, text, calls)
+        self.writer.add(g.thinking, g.content, g.calls)
         self.writer.close()
         return self.writer.message(*self._end(g.text, g.token_ids, g.done_reason, g.metrics, g.cached_tokens,
-                                              bool(calls)))
+                                              bool(g.calls)))
 
-    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[dict[str, Any]]:
         for ev in self.writer.start():
             yield ev
         texts: list[str] = []
         ids: list[int] = []
         any_calls = False
         try:
-            async for p in pieces:
+            async for p in deltas:
                 if p.progress is not None:  # a `ping` the SDK skips, carrying the report (return_progress)
                     yield {"type": "ping", "prompt_progress": p.progress}
                     continue
                 texts.append(p.text)
                 ids += p.token_ids
-                thinking, text, calls = self.parser.feed(p.text, p.final is not None)
+                thinking, text, calls = p.thinking, p.content, p.calls
                 any_calls = any_calls or bool(calls)
                 for ev in self.writer.add(thinking, text, calls):
                     yield ev

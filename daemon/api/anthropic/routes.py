@@ -1,123 +1,35 @@
 """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), so Anthropic's clients (and Claude Code) run
-on local models. A request is translated to /api/chat's terms (request.py) and runs the one request
-skeleton (pipeline/generation.py) with its own plan, prepare step and reply (reply.py)."""
+on local and remote models. A request is translated to /api/chat's terms (request.py) and runs the one request
+skeleton (pipeline/generation.py) with its plan (plan.py), prepare step (prepare.py) and reply (reply.py)."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ...context import context
-from ...engine.grammar import GrammarError, grammar_for_tool_call
-from ...engine.params import SamplingParams
-from ...manager import LoadedModel
-from ...prompt.tools import tool_format_for
-from .. import remote
-from ..http.errors import APIError, parse_body
-from ..pipeline import generation, prepare, prompting
+from ..http.errors import parse_body
+from ..pipeline import generation
 from ..pipeline.generation import Generate
-from ..pipeline.options import sampling_params
-from ..pipeline.plan import Plan
-from ..pipeline.prepare import Prepared
-from ..pipeline.prompt_size import ContextOverflow
+from . import plan, prepare
 from .reply import ANTHROPIC_SSE, AnthropicReply
-from .request import Conversation, CountTokensRequest, MessagesRequest, check_sampling, conversation
+from .request import CountTokensRequest, MessagesRequest
 
 router = APIRouter(prefix="/v1")
 
-# Where a forced tool call's JSON goes, per tool-call format: (text before, text after, the arguments' key).
-FORCED_FORMATS = {"hermes": ("<tool_call>\n", "\n</tool_call>", "arguments"), "llama3": ("", "", "parameters")}
-
-
-def plan(req: MessagesRequest) -> Plan:
-    """Every check that needs no model: the numbers, the messages, the tools and their choice."""
-    if not req.model:
-        raise APIError(400, "model: a model name is required")
-    check_sampling(req)
-    return Plan(bool(req.stream), args=(conversation(req),))
-
-
-def _render(model: LoadedModel, conv: Conversation,
-            window: int, fit: bool | None = None) -> tuple[prepare.ChatPrompt, bool | str | None]:
-    """The chat prompt as /api/chat renders it for a `window`-token context (`fit` False: a ContextOverflow when it
-    does not fit; None: as it is, to count it) and the think setting."""
-    think = conv.think
-    if think is None and conv.effort and prompting.thinking_tags(model):
-        think = conv.effort  # output_config.effort: a level for a model that thinks, nothing for one that does not
-    think = prompting.resolve_think(model, think)
-    given = [m.get("images") or [] for m in conv.messages]
-    messages = [{k: v for k, v in m.items() if k != "images"} for m in conv.messages]
-    messages, images = prepare.message_images(model, model.name, messages, given)
-    return prepare.chat_prompt(model, messages, conv.tools, think, window, images, fit), think
-
-
-def tool_grammar(model: LoadedModel, tools: list[dict[str, Any]]) -> str:
-    """tool_choice any/tool: the reply is one call of one of `tools`, in the model's tool-call format."""
-    fmt = tool_format_for(prompting.template_of(model))
-    if fmt not in FORCED_FORMATS:
-        raise APIError(400, f"tool_choice \"any\" or \"tool\" is not supported for {prompting.full_name(model)}: its "
-                            f"tool-call format ({fmt or 'unknown'}) cannot be constrained (supported: "
-                            f"{', '.join(FORCED_FORMATS)}); use \"auto\"")
-    before, after, key = FORCED_FORMATS[fmt]
-    calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                               key: t["function"]["parameters"]},
-              "required": ["name", key]} for t in tools]
-    try:
-        return grammar_for_tool_call(calls[0] if len(calls) == 1 else {"anyOf": calls}, before, after)
-    except GrammarError as e:
-        raise APIError(400, str(e)[:2000]) from None
-
-
-def params(model: LoadedModel, req: MessagesRequest) -> SamplingParams:
-    """max_tokens, stop_sequences, temperature, top_p, top_k; what the request leaves out is the model's default."""
-    return sampling_params(None, model.record.params, num_predict=req.max_tokens, stop=req.stop_sequences or None,
-                           temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
-
-
-def prepare_messages(model: LoadedModel, req: MessagesRequest, window: int, conv: Conversation) -> Prepared:
-    """/v1/messages: the conversation rendered as /api/chat would, its sampling, a forced tool call's grammar. Too
-    long for the window: Anthropic's `prompt is too long: N tokens > M maximum` (nothing is dropped)."""
-    try:
-        cp, think = _render(model, conv, window, fit=False)
-    except ContextOverflow as e:
-        raise e.as_anthropic() from None
-    grammar = tool_grammar(model, conv.forced) if conv.forced else prepare.check_format(conv.schema)
-    prep = prepare.finish(model, cp.text, cp.ids, params(model, req), window, think, conv.tools, grammar)
-    prep.embeds = cp.embeds
-    prep.progress = bool(req.return_progress)
-    return prep
-
-
-MESSAGES = Generate("/v1/messages", plan, prepare_messages, AnthropicReply, ANTHROPIC_SSE)
+MESSAGES = Generate("/v1/messages", plan.messages, prepare.messages, AnthropicReply, ANTHROPIC_SSE,
+                    upstream=prepare.upstream)
 
 
 @router.post("/messages")
 async def messages(request: Request) -> Response:
     t0 = time.perf_counter_ns()
-    req = await parse_body(request, MessagesRequest)
-    return await generation.generate(request, MESSAGES, req, t0)
-
-
-def _count(model: LoadedModel, conv: Conversation, window: int) -> int:
-    return len(_render(model, conv, window)[0].ids)
+    return await generation.generate(request, MESSAGES, await parse_body(request, MessagesRequest), t0)
 
 
 @router.post("/messages/count_tokens")
 async def count_tokens(request: Request) -> JSONResponse:
     """The prompt's tokens: what the same request's usage reports as input_tokens + cache_read_input_tokens."""
     req = await parse_body(request, CountTokensRequest)
-    if not req.model:
-        raise APIError(400, "model: a model name is required")
-    conv = conversation(req)
-    if await remote.lookup(request, req.model) is not None:
-        raise APIError(400, f"count_tokens is not supported for remote models yet ('{req.model}' is served by "
-                            f"another engine, which renders and counts the prompt itself)")
-    ctx = context(request)
-    lease = await ctx.manager.acquire(req.model)
-    try:
-        n = await ctx.workers.run(request, _count, lease.model, conv, lease.num_ctx)
-    finally:
-        lease.release()
+    n = await generation.on_local(request, "count_tokens", req.model, prepare.count, plan.count_tokens(req))
     return JSONResponse({"input_tokens": n})

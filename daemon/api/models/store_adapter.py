@@ -67,13 +67,6 @@ class StoreAdapter:
                            bos_token=r.bos_token, eos_token=r.eos_token, synthetic=r.synthetic, remote=r.remote,
                            projector=str(r.projector_path) if r.projector_path is not None else None)
 
-    def remote(self, name: str) -> dict[str, Any] | None:
-        """The endpoint of a remote model; None for a local model or any name the normal path should judge."""
-        try:
-            return self.store.remote(name)
-        except Exception:  # noqa: BLE001 - unknown or broken names get their usual error from the local path
-            return None
-
     def create_iter(self, name: str, req: Any) -> Iterator[str]:
         """Validates (raising APIError) and returns the iterator of status lines that performs the create."""
         kwargs: dict[str, Any] = {

@@ -1,14 +1,18 @@
-"""The prepare step of /api/generate and /api/chat (in the worker pool): Ollama's template, raw mode, `context`,
-images, truncation and `shift`, on the pipeline's shared steps (pipeline/prepare.py)."""
+"""The prepare step of /api/generate and /api/chat: for our engine (in the worker pool) Ollama's template, raw mode,
+`context`, images, truncation and `shift`, on the pipeline's shared steps (pipeline/prepare.py); for a remote
+model the upstream request (`upstream_generate`, `upstream_chat`, in remote/convert.py's terms)."""
 from __future__ import annotations
 
 from ...engine.params import SamplingParams
 from ...manager import LoadedModel
+from ..http.errors import APIError
 from ..pipeline import images as image_input
 from ..pipeline import overflow, prompt_size, prompting
 from ..pipeline.options import options_priority, sampling_params
 from ..pipeline.prepare import Prepared, chat_prompt, check_format, encode_prompt, finish, message_images
 from ..pipeline.prompt_size import ContextOverflow
+from ..remote.convert import UpstreamRequest, chat_body, chat_messages, chat_request
+from ..remote.hub import RemoteModel
 from .plan import ollama_logprobs
 from .request import ChatRequest, GenerateRequest
 
@@ -90,3 +94,38 @@ def chat(model: LoadedModel, req: ChatRequest, window: int) -> Prepared:
     prep.priority = options_priority(req.options)
     prep.progress = bool(req.return_progress)
     return prep
+
+
+def _no_logprobs(req: GenerateRequest | ChatRequest) -> None:
+    if req.logprobs or req.top_logprobs:
+        raise APIError(400, "logprobs are not supported for remote models yet")
+
+
+def upstream_generate(rm: RemoteModel, req: GenerateRequest) -> UpstreamRequest:
+    """/api/generate for a remote model: a raw prompt or a suffix (FIM) -> upstream /completions; a templated one
+    -> /chat/completions (the upstream applies its own template)."""
+    _no_logprobs(req)
+    if req.images:
+        raise APIError(400, "images are not supported for remote models yet")
+    if req.template or req.context:
+        raise APIError(400, "template and context do not apply to a remote model (the upstream engine applies its "
+                            "own template; send the conversation to /api/chat)")
+    if req.raw or req.suffix:
+        body = chat_body(rm.endpoint.model, req.options, rm.params, fmt=req.format)
+        body["prompt"] = req.prompt or ""
+        if req.suffix:
+            body["suffix"] = req.suffix
+        return UpstreamRequest("/completions", body, req.prompt)
+    messages = chat_messages([{"role": "user", "content": req.prompt}], req.system or rm.system, [])
+    return UpstreamRequest("/chat/completions", chat_body(rm.endpoint.model, req.options, rm.params, messages,
+                                                          req.think, req.format), req.prompt)
+
+
+def upstream_chat(rm: RemoteModel, req: ChatRequest) -> UpstreamRequest:
+    """/api/chat for a remote model -> upstream /chat/completions (the model's SYSTEM and MESSAGEs first)."""
+    _no_logprobs(req)
+    body = chat_body(rm.endpoint.model, req.options, rm.params, chat_messages(req.messages, rm.system, rm.messages),
+                     req.think, req.format)
+    if req.tools:
+        body["tools"] = req.tools
+    return chat_request(body)

@@ -5,13 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator
 
-from ...manager import LoadedModel
-from ...prompt.reply import ReplyParser
 from ..http.wire import now_rfc3339
 from ..pipeline import logprobs as lp_format
+from ..pipeline.deltas import Delta, Facts, Generation
 from ..pipeline.embedding import normalise
-from ..pipeline.engine_stream import Generation, Piece
-from ..pipeline.prepare import Prepared
 from .request import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 
 
@@ -23,14 +20,13 @@ class GenerateReply:
         """The answer to an empty prompt: the model was loaded ("load") or unloaded ("unload")."""
         return {"model": name, "created_at": now_rfc3339(), "response": "", "done": True, "done_reason": reason}
 
-    def __init__(self, req: GenerateRequest, model: LoadedModel, prep: Prepared) -> None:
-        self.req, self.prompt_ids = req, prep.prompt_ids
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, None, prep.arch)
-        self.tokenizer = model.runner.tokenizer
+    def __init__(self, req: GenerateRequest, facts: Facts) -> None:
+        self.req, self.prompt_ids = req, facts.prompt_ids
+        self.tokenizer = facts.tokenizer
 
     def _final(self, output_ids: list[int], final: dict[str, Any], truncated: dict[str, Any] | None) -> dict[str, Any]:
         out = {"model": self.req.model, "created_at": now_rfc3339(), "response": "", "done": True, **final}
-        if not self.req.raw:
+        if not self.req.raw and self.prompt_ids is not None:  # an upstream engine keeps its tokens to itself
             out["context"] = [t for t in self.prompt_ids if t >= 0] + output_ids  # image placeholders left out
         if truncated:
             out["truncated"] = truncated
@@ -39,23 +35,22 @@ class GenerateReply:
     def whole(self, gens: list[Generation]) -> dict[str, Any]:
         g = gens[0]
         body = self._final(g.token_ids, {"done_reason": g.done_reason, **g.metrics}, g.truncated)
-        thinking, content, _ = self.parser.parse_all(g.text)
-        body["response"] = content
-        if thinking:
-            body["thinking"] = thinking
+        body["response"] = g.content
+        if g.thinking:
+            body["thinking"] = g.thinking
         if g.logprobs:
             body["logprobs"] = lp_format.ollama(self.tokenizer, g.logprobs)
         return body
 
-    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[dict[str, Any]]:
         out_ids: list[int] = []
-        async for p in pieces:
+        async for p in deltas:
             if p.progress is not None:  # only when the request asked (return_progress)
                 yield {"model": self.req.model, "created_at": now_rfc3339(), "response": "", "done": False,
                        "prompt_progress": p.progress}
                 continue
             out_ids.extend(p.token_ids)
-            thinking, content, _ = self.parser.feed(p.text, p.final is not None)
+            thinking, content = p.thinking, p.content
             if content or thinking or p.logprobs:  # logprobs go out even while the parser holds text back
                 obj = {"model": self.req.model, "created_at": now_rfc3339(), "response": content, "done": False}
                 if thinking:
@@ -76,10 +71,9 @@ class ChatReply:
         return {"model": name, "created_at": now_rfc3339(), "message": {"role": "assistant", "content": ""},
                 "done": True, "done_reason": reason}
 
-    def __init__(self, req: ChatRequest, model: LoadedModel, prep: Prepared) -> None:
+    def __init__(self, req: ChatRequest, facts: Facts) -> None:
         self.model = req.model
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
-        self.tokenizer = model.runner.tokenizer
+        self.tokenizer = facts.tokenizer
 
     def _chunk(self, content: str = "", thinking: str = "", tool_calls: list | None = None) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": content}
@@ -91,8 +85,7 @@ class ChatReply:
 
     def whole(self, gens: list[Generation]) -> dict[str, Any]:
         g = gens[0]
-        thinking, content, calls = self.parser.parse_all(g.text)
-        body = self._chunk(content, thinking, calls)
+        body = self._chunk(g.content, g.thinking, g.calls)
         body.update(done=True, done_reason=g.done_reason, **g.metrics)
         if g.truncated:
             body["truncated"] = g.truncated
@@ -100,13 +93,13 @@ class ChatReply:
             body["logprobs"] = lp_format.ollama(self.tokenizer, g.logprobs)
         return body
 
-    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
-        async for p in pieces:
+    async def stream(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[dict[str, Any]]:
+        async for p in deltas:
             if p.progress is not None:  # only when the request asked (return_progress)
                 yield {**self._chunk(), "prompt_progress": p.progress}
                 continue
             final = p.final
-            thinking, content, calls = self.parser.feed(p.text, final is not None)
+            thinking, content, calls = p.thinking, p.content, p.calls
             out = ([self._chunk("", thinking)] if thinking else []) + ([self._chunk(content)] if content else []) \
                 + ([self._chunk("", "", calls)] if calls else [])
             if p.logprobs:  # on the piece's first chunk, or their own while the parser holds text back

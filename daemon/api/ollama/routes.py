@@ -20,8 +20,9 @@ router = APIRouter()
 
 VERSION = "0.13.0"  # the Ollama API version we answer /api/version with (clients gate features on it)
 
-GENERATE = Generate("/api/generate", plan.generate, prepare.generate, GenerateReply, NDJSON, GenerateReply.loaded)
-CHAT = Generate("/api/chat", plan.chat, prepare.chat, ChatReply, NDJSON, ChatReply.loaded)
+GENERATE = Generate("/api/generate", plan.generate, prepare.generate, GenerateReply, NDJSON, GenerateReply.loaded,
+                    prepare.upstream_generate)
+CHAT = Generate("/api/chat", plan.chat, prepare.chat, ChatReply, NDJSON, ChatReply.loaded, prepare.upstream_chat)
 EMBED = Embed("/api/embed", plan.embed, embed_reply)
 EMBEDDINGS = Embed("/api/embeddings", plan.embeddings, embeddings_reply)
 

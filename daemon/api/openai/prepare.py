@@ -138,6 +138,7 @@ def completion(model: LoadedModel, req: CompletionRequest, window: int) -> Prepa
     prep = finish(model, text, ids, params, window, grammar=response_format_grammar(req.response_format))
     prep.truncation = cut
     prep.params.preserved_tokens = {}  # no reply parser here: structure tokens stay hidden, as with llama-server
+    prep.parse = False  # the text as the model wrote it
     prep.logprobs, prep.n = completion_logprobs(req), openai_choices(req, model)
     prep.priority = request_priority(req.priority, param="priority")
     prep.progress = bool(req.return_progress)

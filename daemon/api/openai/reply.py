@@ -9,12 +9,9 @@ import struct
 import time
 from typing import Any, AsyncIterator
 
-from ...manager import LoadedModel
-from ...prompt.reply import ReplyParser
 from ..pipeline import logprobs as lp_format
+from ..pipeline.deltas import Delta, Facts, Generation
 from ..pipeline.embedding import normalise
-from ..pipeline.engine_stream import Generation, Piece
-from ..pipeline.prepare import Prepared
 from .request import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 FINGERPRINT = "fp_ollama"
@@ -43,19 +40,18 @@ def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class ChatCompletionReply:
     """/v1/chat/completions: each choice's reasoning, content and tool calls as `message` or `delta`."""
 
-    def __init__(self, req: ChatCompletionRequest, model: LoadedModel, prep: Prepared) -> None:
-        self.n = prep.n
-        self.parsers = [ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch) for _ in range(prep.n)]
-        self.tokenizer = model.runner.tokenizer
-        self.want_lp = prep.logprobs is not None
+    def __init__(self, req: ChatCompletionRequest, facts: Facts) -> None:
+        self.n = facts.n
+        self.tokenizer = facts.tokenizer
+        self.want_lp = facts.logprobs is not None
         self.base = {"id": f"chatcmpl-{random.randint(0, 998)}", "created": int(time.time()), "model": req.model,
                      "system_fingerprint": FINGERPRINT}
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def whole(self, gens: list[Generation]) -> dict[str, Any]:
         choices = []
-        for i, (g, parser) in enumerate(zip(gens, self.parsers)):
-            thinking, content, calls = parser.parse_all(g.text)
+        for i, g in enumerate(gens):
+            thinking, content, calls = g.thinking, g.content, g.calls
             msg: dict[str, Any] = {"role": "assistant", "content": content}
             if thinking:
                 msg["reasoning"] = thinking
@@ -66,7 +62,7 @@ class ChatCompletionReply:
         out = {**self.base, "object": "chat.completion", "choices": choices, "usage": _usage([g.metrics for g in gens])}
         return _with_truncated(out, gens)
 
-    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[dict[str, Any]]:
         first = [True] * self.n
         any_calls = [False] * self.n
         pending: list[list[Any]] = [[] for _ in range(self.n)]  # logprobs not yet sent (text held back)
@@ -85,7 +81,7 @@ class ChatCompletionReply:
                 obj["usage"] = None  # as OpenAI: null on content chunks, the real usage on the last one
             return obj
 
-        async for p in pieces:
+        async for p in deltas:
             i = p.index
             if p.progress is not None:  # llama-server's return_progress chunk (only when asked)
                 obj = {**self.base, "object": "chat.completion.chunk", "prompt_progress": p.progress, "choices": [
@@ -93,7 +89,7 @@ class ChatCompletionReply:
                 yield {**obj, "usage": None} if self.include_usage else obj
                 continue
             pending[i].extend(p.logprobs or [])
-            thinking, content, calls = self.parsers[i].feed(p.text, p.final is not None)
+            thinking, content, calls = p.thinking, p.content, p.calls
             if thinking:
                 yield ch(i, {"content": "", "reasoning": thinking})
             if content:
@@ -112,10 +108,10 @@ class ChatCompletionReply:
 class CompletionReply:
     """/v1/completions: each choice's text, with legacy logprobs (text offsets counted per choice)."""
 
-    def __init__(self, req: CompletionRequest, model: LoadedModel, prep: Prepared) -> None:
-        self.n = prep.n
-        self.tokenizer = model.runner.tokenizer
-        self.want_lp = prep.logprobs is not None
+    def __init__(self, req: CompletionRequest, facts: Facts) -> None:
+        self.n = facts.n
+        self.tokenizer = facts.tokenizer
+        self.want_lp = facts.logprobs is not None
         self.base = {"id": f"cmpl-{random.randint(0, 998)}", "object": "text_completion", "created": int(time.time()),
                      "model": req.model, "system_fingerprint": FINGERPRINT}
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -127,11 +123,11 @@ class CompletionReply:
              "finish_reason": _finish(g.done_reason, False)} for i, g in enumerate(gens)],
             "usage": _usage([g.metrics for g in gens])}, gens)
 
-    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[dict[str, Any]]:
         sizes = [0] * self.n  # characters streamed per choice: the base of text_offset
         pending: list[list[Any]] = [[] for _ in range(self.n)]
         finals: list[dict[str, Any]] = []
-        async for p in pieces:
+        async for p in deltas:
             i = p.index
             if p.progress is not None:  # llama-server's return_progress chunk (only when asked)
                 obj = {**self.base, "prompt_progress": p.progress,

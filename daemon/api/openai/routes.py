@@ -21,10 +21,11 @@ from .request import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 router = APIRouter(prefix="/v1")
 
+# a remote model's /v1 request is relayed as it came: the upstream speaks this dialect (remote/relay.py)
 CHAT_COMPLETIONS = Generate("/v1/chat/completions", plan.chat_completion, prepare.chat_completion,
-                            ChatCompletionReply, SSE)
-COMPLETIONS = Generate("/v1/completions", plan.completion, prepare.completion, CompletionReply, SSE)
-EMBEDDINGS = Embed("/v1/embeddings", plan.embedding, embedding_reply)
+                            ChatCompletionReply, SSE, relay=True)
+COMPLETIONS = Generate("/v1/completions", plan.completion, prepare.completion, CompletionReply, SSE, relay=True)
+EMBEDDINGS = Embed("/v1/embeddings", plan.embedding, embedding_reply, relay=True)
 
 
 @router.post("/chat/completions")

@@ -1,12 +1,12 @@
-"""A request's engine output: submit the prepared prompt (n choices), read the choices back as pieces with
-Ollama's final metrics, abort them when the client goes away, and free them and the model lease however the
-request ends."""
+"""Our engine as a source of deltas: submit the prepared prompt (n choices), read the choices back as pieces with
+Ollama's final metrics and then, through the model's reply parser, as `Delta`s (deltas.py); abort them when the
+client goes away, and free them and the model lease however the request ends."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -14,23 +14,11 @@ from fastapi import Request
 from ...context import context
 from ...engine.engine import EngineStopped, PromptTooLong, QueueFull
 from ...manager import Lease
+from ...prompt.reply import ReplyParser
 from ..http.errors import CLIENT_GONE, SERVER_BUSY, APIError
 from . import overflow
+from .deltas import Delta, Facts, Generation
 from .prepare import Prepared
-
-
-@dataclass
-class Generation:
-    """The collected result of one engine sequence."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    done_reason: str | None = None
-    metrics: dict[str, int] = field(default_factory=dict)
-    logprobs: list[Any] = field(default_factory=list)  # engine TokenLogprob per token, when asked
-    offsets: list[int] = field(default_factory=list)  # character offset in `text` where each of those starts
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    truncated: dict[str, Any] | None = None  # what the prompt lost to fit the window, and context shifts
 
 
 @dataclass
@@ -60,8 +48,8 @@ async def _watch_disconnect(request: Request, on_gone) -> None:
 
 
 async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint: str,
-                        t_start: int) -> "EngineChunks":
-    """Submit a prepared request; its output comes from the returned EngineChunks.
+                        t_start: int) -> "EngineOutput":
+    """Submit a prepared request; its output comes from the returned EngineOutput.
 
     Submits before yielding anything, so PromptTooLong / QueueFull become real HTTP statuses. The request's
     events name the model and endpoint, and carry the prompt text when the daemon logs content.
@@ -89,7 +77,8 @@ async def engine_stream(request: Request, lease: Lease, prep: Prepared, endpoint
     if prep.truncation is not None:
         overflow.announce(context(request).events, endpoint, model.name, streams[0].seq_id,
                           len(prep.prompt_ids), prep.window, prep.truncation)
-    return EngineChunks(request, engine, streams, lease, t_start, prep.truncation)
+    return EngineOutput(EngineChunks(request, engine, streams, lease, t_start, prep.truncation), prep,
+                        model.runner.tokenizer)
 
 
 async def _merged(streams: list[Any]) -> AsyncIterator[tuple[int, Any]]:
@@ -202,3 +191,37 @@ async def collect_all(chunks: EngineChunks) -> list[Generation]:
     for g, ps in zip(gens, parts):
         g.text = "".join(ps)
     return gens
+
+
+class EngineOutput:
+    """The engine's `Output` (deltas.py): its pieces read back through the model's reply parser, one per choice
+    (thinking, content and tool calls in the model family's format); `/v1/completions` shows the text as it is."""
+
+    def __init__(self, chunks: EngineChunks, prep: Prepared, tokenizer: Any) -> None:
+        self.chunks, self.prep = chunks, prep
+        self.facts = Facts(prep.n, prep.prompt_ids, prep.logprobs, tokenizer, list(prep.params.stop or []))
+
+    def _parser(self) -> ReplyParser | None:
+        p = self.prep
+        return ReplyParser(p.template, p.text, p.think, p.tools, p.arch) if p.parse else None
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        parsers = [self._parser() for _ in self.chunks.streams]
+        async for p in self.chunks.pieces():
+            if p.progress is not None:
+                yield Delta(p.index, progress=p.progress)
+                continue
+            parser = parsers[p.index]
+            thinking, content, calls = parser.feed(p.text, p.final is not None) if parser else ("", p.text, [])
+            yield Delta(p.index, p.text, thinking, content, calls, p.token_ids, p.logprobs, p.final,
+                        p.cached_tokens, p.truncated)
+
+    async def whole(self) -> list[Generation]:
+        gens = await collect_all(self.chunks)
+        for g in gens:  # read back whole, as the model wrote it
+            parser = self._parser()
+            g.thinking, g.content, g.calls = parser.parse_all(g.text) if parser else ("", g.text, [])
+        return gens
+
+    def close(self) -> None:
+        self.chunks.close()

@@ -12,6 +12,7 @@ import struct
 from typing import Any
 
 from ....backends.base import ImageInputError, MultimodalPrompt
+from ....backends.registry import specs
 from ..http.errors import APIError
 
 MAX_IMAGES = 16  # per request
@@ -149,10 +150,12 @@ def build_prompt(model: Any, text: str, images: list[bytes], add_special: bool) 
 
 def check_vision(model: Any, name: str) -> None:
     """400 for a model without vision (Ollama's wording), 501 naming the fix where its projector cannot load here."""
-    if getattr(model.runner, "vision", None) is not None:
+    if model.runner.vision is not None:
         return
     if model.record.projector:
+        vision = [s for s in specs() if s.vision]
         reason = model.runner.vision_error or (f"the {model.backend} backend does not run vision models; the "
-                                               "llama.cpp backend does (EVENFLOW_BACKEND=llamacpp)")
+                                               f"{' and '.join(s.title for s in vision)} backend does "
+                                               f"(EVENFLOW_BACKEND={vision[0].name})")
         raise APIError(501 if model.runner.vision_error else 400, f"model '{name}' cannot take images here: {reason}")
     raise APIError(400, f"model '{name}' does not support images")

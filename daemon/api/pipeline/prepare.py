@@ -1,5 +1,5 @@
 """The prepare step's shared parts: validate, render the template, tokenize, fit to the window, and a `Prepared`
-to submit. Each dialect's prepare (ollama/prepare.py, openai/prepare.py, anthropic/routes.py) composes these plain
+to submit. Each dialect's prepare (ollama/, openai/, anthropic/, responses/ prepare.py) composes these plain
 synchronous functions; the request skeleton (generation.py) runs it in the worker pool, never on the event loop.
 Also one embedding input's ids."""
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Prepared:
     embeds: list[EmbedSpan] | None = None  # image spans of the prompt, encoded here (images.py)
     truncation: Truncation | None = None  # what the prompt lost to fit the window (overflow.py)
     progress: bool = False  # the stream carries prompt progress (the request asked: `return_progress`)
+    parse: bool = True  # the output is read back as thinking, content and tool calls (not /v1/completions')
 
 
 def check_format(fmt: Any) -> str | None:

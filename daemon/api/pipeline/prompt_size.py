@@ -51,11 +51,8 @@ def longest_piece(model: LoadedModel) -> int | None:
         return _longest[tok]
     except (KeyError, TypeError):
         pass
-    vocab = getattr(tok, "grammar_vocab", None)
-    if vocab is None:
-        return None
     try:  # special tokens carry a one-byte marker there: one byte too many only loosens the bound
-        n = max(1, max((len(t) for t in vocab().tokens), default=1))
+        n = max(1, max((len(t) for t in tok.grammar_vocab().tokens), default=1))
     except Exception:  # noqa: BLE001 - without the bound the tokenizer still decides, only later
         log.warning("could not measure the vocabulary of %s", model.name, exc_info=True)
         return None

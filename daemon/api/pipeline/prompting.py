@@ -31,8 +31,8 @@ def full_name(model: LoadedModel) -> str:
 
 def architecture(model: LoadedModel) -> str | None:
     """The model's `general.architecture` (its family's reply format may follow from it: gpt-oss)."""
-    info = getattr(model.runner, "info", None)
-    return formats.family_architecture(getattr(info, "architecture", None), getattr(info, "metadata", None)) or None
+    info = model.runner.info
+    return formats.family_architecture(info.architecture, info.metadata) or None
 
 
 def capabilities(model: LoadedModel) -> list[str]:

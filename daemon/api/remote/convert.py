@@ -1,4 +1,6 @@
-"""Ollama requests -> OpenAI request bodies for a remote engine, and its streamed chunks -> Ollama's pieces."""
+"""The terms a dialect's prepare step builds an upstream request in (`UpstreamRequest`, `chat_body`: Ollama's
+options, format, think and messages as an OpenAI chat completion), and `Reader`, which reads the upstream's streamed
+chunks back (content, thinking, tool calls, usage, the finish reason)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +14,35 @@ from ..http.errors import APIError
 _OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
             "repeat_penalty": "repetition_penalty", "stop": "stop", "ignore_eos": "ignore_eos"}
+
+
+@dataclass
+class UpstreamRequest:
+    """What a dialect's prepare step makes of a request for a remote model: the upstream path and body, and the
+    prompt the request's events show (under EVENFLOW_LOG_CONTENT)."""
+
+    path: str  # "/chat/completions" or "/completions", below the endpoint's /v1
+    body: dict[str, Any]
+    prompt: str | None = None
+
+
+def chat_body(model: str, options: Any, params: dict[str, Any], messages: list[dict[str, Any]] | None = None,
+              think: Any = None, fmt: Any = None) -> dict[str, Any]:
+    """A streamed upstream body (usage included) for upstream `model`: the Modelfile's PARAMETERs `params` under
+    Ollama's `options`, `messages`, `think`, `format` (None: not sent)."""
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                            **sampling(options, params)}
+    if messages is not None:
+        body["messages"] = messages
+    body.update(thinking(think))
+    if (rf := response_format(fmt)) is not None:
+        body["response_format"] = rf
+    return body
+
+
+def chat_request(body: dict[str, Any]) -> UpstreamRequest:
+    """`body` (with its messages) to the upstream's /chat/completions."""
+    return UpstreamRequest("/chat/completions", body, json.dumps(body["messages"], ensure_ascii=False))
 
 
 def sampling(options: Any, defaults: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """What the daemon keeps for remote models: the upstream connection pools, health checks (shown in /api/ps and
-/api/show), the lookup of a name, /api/events."""
+/api/show), a resolved record as a `RemoteModel`, the requests' /api/events."""
 from __future__ import annotations
 
 import asyncio
@@ -113,6 +113,11 @@ class RemoteHub:
         await self.pool.aclose()
 
 
+async def ensure(request: Request, rm: RemoteModel) -> Health:
+    """`rm`'s upstream checked before use (RemoteHub.ensure)."""
+    return await hub_of(request).ensure(request, rm)
+
+
 def hub_of(request: Request) -> RemoteHub:
     ctx = context(request)
     if ctx.remote is None:
@@ -128,22 +133,10 @@ def publish(request: Request, ev: dict[str, Any]) -> None:
     ctx.metrics.observe_event(ev)
 
 
-async def lookup(request: Request, name: str | None) -> RemoteModel | None:
-    """The remote model `name`, or None (a local model, or a name the local path answers 404/400 for)."""
-    ctx = context(request)
-    find = getattr(ctx.store, "remote", None)
-    if not name or find is None:
-        return None
-
-    def both() -> tuple[dict[str, Any] | None, Any]:
-        spec = find(name)
-        return spec, ctx.manager.resolve(name) if spec is not None else None
-
-    spec, record = await asyncio.to_thread(both)  # one hop off the loop: local requests pay only this
-    if spec is None:
-        return None
+def remote_model(record: Any) -> RemoteModel:
+    """The remote model a resolved record (manager.ModelRecord, its `remote` set) names; 400 for a broken config."""
     try:
-        ep = RemoteEndpoint.from_json(spec)
+        ep = RemoteEndpoint.from_json(record.remote)
     except ValueError as e:
         raise APIError(400, f"model '{record.name}' has a broken remote config: {e}") from None
     return RemoteModel(record.name, ep, dict(record.params), record.system, list(record.messages), record.digest,
@@ -185,18 +178,16 @@ class RemoteRun:
 async def ps_rows(request: Request) -> list[dict[str, Any]]:
     """/api/ps rows for the remote models whose upstream answers now (a short check, cached while healthy)."""
     ctx, hub = context(request), hub_of(request)
-    find = getattr(ctx.store, "remote", None)
-    if find is None:
-        return []
     models = [m for m in await asyncio.to_thread(ctx.store.list_models) if m["details"].get("format") == "remote"]
 
     async def row(m: dict[str, Any]) -> dict[str, Any] | None:
-        spec = await asyncio.to_thread(find, m["name"])
-        if spec is None:
-            return None
         try:
-            h = await asyncio.wait_for(hub.check(RemoteEndpoint.from_json(spec), PS_FAILED_TTL_S), PS_CHECK_S)
-        except (asyncio.TimeoutError, ValueError):
+            record = await asyncio.to_thread(ctx.manager.resolve, m["name"])
+            if record.remote is None:
+                return None
+            h = await asyncio.wait_for(hub.check(RemoteEndpoint.from_json(record.remote), PS_FAILED_TTL_S),
+                                       PS_CHECK_S)
+        except (asyncio.TimeoutError, ValueError, APIError):  # slow, broken, or deleted meanwhile
             return None
         if not h.ok:
             return None
@@ -209,9 +200,10 @@ async def ps_rows(request: Request) -> list[dict[str, Any]]:
 
 async def show_info(request: Request, name: str, info: dict[str, Any]) -> None:
     """Live facts for /api/show of a remote model: reachable now, the engine, the context length it reports."""
-    rm = await lookup(request, name)
-    if rm is None:
+    record = await asyncio.to_thread(context(request).manager.resolve, name)
+    if record.remote is None:
         return
+    rm = remote_model(record)
     try:
         h = await asyncio.wait_for(hub_of(request).check(rm.endpoint, PS_FAILED_TTL_S), PS_CHECK_S)
     except asyncio.TimeoutError:

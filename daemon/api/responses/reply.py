@@ -10,12 +10,9 @@ import secrets
 import time
 from typing import Any, AsyncIterator
 
-from ...manager import LoadedModel
-from ...prompt.reply import ReplyParser
 from ..http.errors import APIError
 from ..http.wire import Wire
-from ..pipeline.engine_stream import Generation, Piece
-from ..pipeline.prepare import Prepared
+from ..pipeline.deltas import Delta, Facts, Generation
 from .request import ResponsesRequest
 
 
@@ -187,39 +184,40 @@ class ResponseBuilder:
 
 
 class ResponsesReply:
-    """/v1/responses from a local model: its output read back in the template's terms (thinking, content, tool
-    calls), as one response object or its events."""
+    """/v1/responses: the output's thinking, content and tool calls as one response object or its events."""
 
-    def __init__(self, call: Any, model: LoadedModel, prep: Prepared) -> None:
-        self.parser = ReplyParser(prep.template, prep.text, prep.think, prep.tools, prep.arch)
-        self.tokenizer = model.runner.tokenizer
-        self.builder = ResponseBuilder(call.body)
+    def __init__(self, req: ResponsesRequest, facts: Facts) -> None:
+        self.tokenizer = facts.tokenizer
+        self.builder = ResponseBuilder(req)
 
-    def _usage(self, metrics: dict[str, Any]) -> dict[str, Any]:
+    def _usage(self, metrics: dict[str, Any], reasoning_tokens: int | None) -> dict[str, Any]:
         out = metrics.get("eval_count", 0)
-        # the thinking's tokens, counted again from its text (the engine does not split the output's tokens)
-        thought = len(self.tokenizer.encode(self.builder.thinking, add_special=False, parse_special=False)) \
-            if self.builder.thinking else 0
+        thought = reasoning_tokens
+        if thought is None:  # counted again from its text (our engine does not split the output's tokens)
+            thought = len(self.tokenizer.encode(self.builder.thinking, add_special=False, parse_special=False)) \
+                if self.builder.thinking and self.tokenizer is not None else 0
         return usage(metrics.get("prompt_eval_count", 0), out, min(thought, out))
 
     def whole(self, gens: list[Generation]) -> dict[str, Any]:
         g = gens[0]
-        self.builder.feed(*self.parser.parse_all(g.text))
-        return self.builder.finish(g.done_reason, self._usage(g.metrics), g.truncated)[-1]["response"]
+        self.builder.feed(g.thinking, g.content, g.calls)
+        return self.builder.finish(g.done_reason, self._usage(g.metrics, g.reasoning_tokens),
+                                   g.truncated)[-1]["response"]
 
-    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[dict[str, Any]]:
         b = self.builder
         for event in b.start():
             yield event
         try:
-            async for p in pieces:
+            async for p in deltas:
                 if p.progress is not None:
                     yield b.progress(p.progress)
                     continue
-                for event in b.feed(*self.parser.feed(p.text, p.final is not None)):
+                for event in b.feed(p.thinking, p.content, p.calls):
                     yield event
                 if p.final is not None:
-                    for event in b.finish(p.final["done_reason"], self._usage(p.final), p.truncated):
+                    for event in b.finish(p.final["done_reason"], self._usage(p.final, p.reasoning_tokens),
+                                          p.truncated):
                         yield event
         except APIError as e:
             for event in b.fail(e.message):

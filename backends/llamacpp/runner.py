@@ -569,7 +569,7 @@ class LlamaCppRunner(Runner):
         n = len(blocks) * self.block_size
         if self._window is not None:
             return self._import_windowed(seq, blocks, data, stored_blocks)
-        points: list[tuple[int, bytes]] = []
+        points: list[tuple[int, State]] = []
         if self._states is not None:
             parts = unpack_prefix(data)
             data, points = (parts[0], kept(parts[1], data)) if parts is not None else (b"", [])

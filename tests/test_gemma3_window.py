@@ -1,7 +1,7 @@
 """Real Gemma 3 270M (a 512-token window on 5 of every 6 layers) at the daemon's KV defaults: the document's next
 question after an answer longer than the window, and after a restart (the disk KV cache), gives the cold run's
-greedy tokens, served from the cache, and the restore keeps its windows as views of what it read. Skips where the real weights are not fetched (../shared/tools/real_models.py;
-CI fetches them)."""
+greedy tokens, served from the cache, and the restore keeps its windows as views of what it read. Skips where the
+real weights are not fetched (../shared/tools/real_models.py; CI fetches them)."""
 from __future__ import annotations
 
 import os

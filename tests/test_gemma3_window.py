@@ -1,7 +1,7 @@
 """Real Gemma 3 270M (a 512-token window on 5 of every 6 layers) at the daemon's KV defaults: the document's next
 question after an answer longer than the window, and after a restart (the disk KV cache), gives the cold run's
-greedy tokens, served from the cache. Skips where the real weights are not fetched (../shared/tools/real_models.py;
-CI fetches them)."""
+greedy tokens, served from the cache, and the restore keeps its windows as views of what it read. Skips where the
+real weights are not fetched (../shared/tools/real_models.py; CI fetches them)."""
 from __future__ import annotations
 
 import os
@@ -74,5 +74,10 @@ def test_the_next_question_after_an_answer_longer_than_the_window_and_after_a_re
         assert run(again, asks[2], 8) == cold(solo, asks[2], 8)
         assert again.disk.restored_tokens >= len(doc) // 16 * 16 and again.disk.failed == 0
         assert again.cache_hit_tokens >= len(doc) // 16 * 16 and again.blocks.rewind_tokens == 0
+        # the restore copied none of its windows (they are most of the payload): views of it, counted once
+        points = restarted._window._points
+        held = [points.get(b) for b in list(points._data)]
+        assert held and all(isinstance(w, memoryview) for w in held)
+        assert len({id(w.obj) for w in held}) == 1 and points.bytes == len(held[0].obj)
     finally:
         restarted.close()

@@ -158,3 +158,43 @@ def test_a_payload_that_is_not_a_window_prefix_is_refused(runners, tmp_path):
     again = Engine(warm, EngineConfig(max_num_batched_tokens=24), kv_disk=disk, model_id="m")
     again.warm_disk_cache()
     assert run(again, [doc + [9, 9]], 5) == [solo(solo_runner, doc + [9, 9], 5)]
+
+
+def test_a_restore_keeps_its_windows_as_the_budget_counts_them_and_each_serves_a_cold_equal_hit(runners, tmp_path):
+    """Copying a restored payload's windows cost a restart's next question on Gemma 3 more than the rest of the
+    restore: they stay views into the one payload read from disk (counted once) where they are most of it, else copies
+    (checkpoints.kept), and later hits resuming from them give the cold run."""
+    warm, solo_runner = runners
+    rng = random.Random(6)
+    doc = words(rng, 48)
+    disk = DiskKVCache(tmp_path, 1 << 30, min_tokens=32)
+    first = Engine(warm, EngineConfig(max_num_batched_tokens=24), kv_disk=disk, model_id="m")
+    # an answer past the window: the saved state's own window does not reach back to the document's end
+    run(first, [doc + words(rng, 3)], WINDOW + 8)
+    first.shutdown()
+    assert disk.flush(30)
+    again = Engine(warm, EngineConfig(max_num_batched_tokens=24), kv_disk=disk, model_id="m")
+    again.warm_disk_cache()
+    ask = doc + words(rng, 5)
+    entry, _ = disk.lookup(again.disk.ns, prompt_keys(ask, BS))
+    assert run(again, [ask], 8) == [solo(solo_runner, ask, 8)]
+    # landed where the question parts from the saved prompt: the document's last block, from disk, nothing rewound
+    assert again.disk.restored_tokens == len(doc) // BS * BS == again.cache_hit_tokens
+    assert again.blocks.rewind_tokens == 0 and again.disk.failed == 0
+    points = warm._window._points
+    held = [points.get(b) for b in list(points._data)]
+    if 2 * sum(len(w) for w in held) >= entry.payload_len:  # views of the one payload, counted once
+        assert all(isinstance(w, memoryview) for w in held) and len({id(w.obj) for w in held}) == 1
+        assert points.bytes == entry.payload_len
+    else:  # copies: a view would keep the rest of the payload (the attention state llama.cpp took) alive
+        assert held and all(isinstance(w, bytes) for w in held) and points.bytes == sum(len(w) for w in held)
+    loaded = warm._window.loaded
+    for part in (41, 30, 23):  # questions parting from the document earlier: each resumes from a restored window
+        # (a stream layout may read the file again: the stream that held the restore went to the question before)
+        ask = doc[:part] + words(rng, 3)
+        hit0 = again.cache_hit_tokens
+        assert run(again, [ask], 6) == [solo(solo_runner, ask, 6)]
+        assert 0 < again.cache_hit_tokens - hit0 <= part // BS * BS
+    assert warm._window.loaded > loaded
+    assert again.blocks.num_free == again.blocks.num_blocks
+    again.shutdown()

@@ -21,7 +21,7 @@ import struct
 from .lib import L
 
 from ..common.kv_plan import available_host_bytes
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, State, state_pointer
 from .native import take_recent_errors
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,8 @@ class RecurrentStates:
             raise RuntimeError(f"llama.cpp saved {got} of {size} bytes of sequence {seq}'s recurrent state")
         return ctypes.string_at(buf, got)
 
-    def load(self, seq: int, data: bytes) -> None:
-        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data_ext(self._ctx, src, len(data), seq, PARTIAL) != len(data):
+    def load(self, seq: int, data: State) -> None:
+        if L.llama_state_seq_set_data_ext(self._ctx, state_pointer(data), len(data), seq, PARTIAL) != len(data):
             raise RuntimeError(f"llama.cpp did not take a recurrent state back into sequence {seq}: "
                                f"{take_recent_errors() or 'unknown reason'}")
 
@@ -88,7 +87,7 @@ class RecurrentStates:
         self.put(block, data)
         self.saved += 1
 
-    def put(self, block: int, data: bytes) -> None:
+    def put(self, block: int, data: State) -> None:
         self.evicted += self._points.put(block, data, self.budget)
 
     def restore(self, seq: int, block: int) -> None:
@@ -103,7 +102,7 @@ class RecurrentStates:
         """The longest leading run of `blocks` that ends where a checkpoint was saved (0: none)."""
         return self._points.last_in(blocks)
 
-    def along(self, blocks: list[int]) -> list[tuple[int, bytes]]:
+    def along(self, blocks: list[int]) -> list[tuple[int, State]]:
         """(index, state) of the checkpoints saved along a chain of blocks, to save it to disk with them."""
         return self._points.along(blocks)
 
@@ -148,28 +147,30 @@ class RecurrentStates:
 _MAGIC = b"EVENFLOW-RS1\n"
 
 
-def pack_prefix(attention: bytes, points: list[tuple[int, bytes]]) -> bytes:
+def pack_prefix(attention: State, points: list[tuple[int, State]]) -> bytes:
     head = struct.pack("<II", len(attention), len(points)) + b"".join(struct.pack("<II", i, len(d)) for i, d in points)
-    return _MAGIC + head + attention + b"".join(d for _, d in points)
+    return b"".join([_MAGIC, head, attention, *(d for _, d in points)])
 
 
-def unpack_prefix(data: bytes) -> tuple[bytes, list[tuple[int, bytes]]] | None:
-    """(attention state, checkpoints) of `pack_prefix`'s bytes; None when they are not such bytes."""
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 8:
+def unpack_prefix(data: State) -> tuple[memoryview, list[tuple[int, memoryview]]] | None:
+    """(attention state, checkpoints) of `pack_prefix`'s bytes, as views into `data` (no copy: a restored window
+    model's payload is tens of MiB); None when they are not such bytes."""
+    view = memoryview(data)
+    if bytes(view[: len(_MAGIC)]) != _MAGIC or len(view) < len(_MAGIC) + 8:
         return None
     at = len(_MAGIC)
-    n_attn, n_points = struct.unpack_from("<II", data, at)
+    n_attn, n_points = struct.unpack_from("<II", view, at)
     at += 8
-    if len(data) < at + 8 * n_points:
+    if len(view) < at + 8 * n_points:
         return None
-    sizes = [struct.unpack_from("<II", data, at + 8 * j) for j in range(n_points)]
+    sizes = [struct.unpack_from("<II", view, at + 8 * j) for j in range(n_points)]
     at += 8 * n_points
-    if at + n_attn + sum(n for _, n in sizes) != len(data):
+    if at + n_attn + sum(n for _, n in sizes) != len(view):
         return None
-    attention = data[at:at + n_attn]
+    attention = view[at:at + n_attn]
     at += n_attn
     points = []
     for i, n in sizes:
-        points.append((i, data[at:at + n]))
+        points.append((i, view[at:at + n]))
         at += n
     return attention, points

@@ -23,6 +23,7 @@ import numpy as np
 from ..base import KV_CACHE_TYPES, Batch, ModelInfo, ModelLoadError, Runner, RunnerSettings
 from ..common.kv_plan import host_kv_budget, plan_kv
 from . import amx, load_probe, offload
+from .checkpoints import State, kept, state_pointer
 from .embedder import Embedder
 from .lib import L, llama_cpp
 from .gguf_info import GGUFHeader, is_mla, key_head_dim, kv_bytes_per_token, model_info, read_header
@@ -559,7 +560,7 @@ class LlamaCppRunner(Runner):
         points = self._states.along(blocks)  # without one, a restore would recompute the whole prefix anyway
         return pack_prefix(data, points) if points else None
 
-    def import_prefix(self, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
+    def import_prefix(self, blocks: list[int], data: State, stored_blocks: int) -> bool:
         """Into a free stream (or holder id), trimmed to the prefix; parked there as a finished sequence's cells."""
         seq = self._cells.restore_target() if self._ctx is not None and blocks else None
         if seq is None:
@@ -568,12 +569,12 @@ class LlamaCppRunner(Runner):
         n = len(blocks) * self.block_size
         if self._window is not None:
             return self._import_windowed(seq, blocks, data, stored_blocks)
-        points: list[tuple[int, bytes]] = []
+        points: list[tuple[int, State]] = []
         if self._states is not None:
             parts = unpack_prefix(data)
-            data, points = parts if parts is not None else (b"", [])
-        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        if data and L.llama_state_seq_set_data(self._ctx, src, len(data), seq) and self._remove(seq, n, -1):
+            data, points = (parts[0], kept(parts[1], data)) if parts is not None else (b"", [])
+        if data and L.llama_state_seq_set_data(self._ctx, state_pointer(data), len(data), seq) and \
+                self._remove(seq, n, -1):
             if L.llama_memory_seq_pos_min(self._mem, seq) == 0 and (
                     self._states is not None  # held cells keep no recurrent state: a hybrid's pos_max says -1
                     or L.llama_memory_seq_pos_max(self._mem, seq) == n - 1):
@@ -588,7 +589,7 @@ class LlamaCppRunner(Runner):
         self._cells.release(seq)
         return False
 
-    def _import_windowed(self, seq: int, blocks: list[int], data: bytes, stored_blocks: int) -> bool:
+    def _import_windowed(self, seq: int, blocks: list[int], data: State, stored_blocks: int) -> bool:
         """A window model's saved prefix into the empty `seq`: its windows become checkpoints (window.py)."""
         if self._window.restore(seq, data, blocks, stored_blocks):
             self._cells.adopt(seq, blocks)

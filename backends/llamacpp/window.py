@@ -24,7 +24,7 @@ from typing import Iterable
 
 from .lib import L
 
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, State, kept, state_pointer
 from .native import take_recent_errors
 from .recurrent import pack_prefix, unpack_prefix
 
@@ -154,9 +154,8 @@ class SlidingWindow:
         got = L.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags)
         return ctypes.string_at(buf, got) if got else None
 
-    def load(self, seq: int, data: bytes, flags: int = WINDOW_ONLY) -> bool:
-        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data_ext(self._ctx, src, len(data), seq, flags) == len(data):
+    def load(self, seq: int, data: State, flags: int = WINDOW_ONLY) -> bool:
+        if L.llama_state_seq_set_data_ext(self._ctx, state_pointer(data), len(data), seq, flags) == len(data):
             return True
         if flags == WINDOW_ONLY:
             raise RuntimeError(f"llama.cpp did not take a window back into sequence {seq}: "
@@ -214,7 +213,7 @@ class SlidingWindow:
                 windows.append((k - 1, data))
         return pack_prefix(full, windows)
 
-    def restore(self, seq: int, data: bytes, blocks: list[int], stored_blocks: int) -> bool:
+    def restore(self, seq: int, data: State, blocks: list[int], stored_blocks: int) -> bool:
         """`export`'s bytes into the empty `seq`, cut back to len(blocks); its windows kept as checkpoints. False:
         nothing a hit could resume from (the sequence is left for the caller to clear)."""
         parts = unpack_prefix(data)
@@ -225,16 +224,15 @@ class SlidingWindow:
         if not full or not self.load(seq, full, 0) or L.llama_memory_seq_pos_max(self._mem, seq) + 1 != stored_blocks * bs:
             return False
         L.llama_memory_seq_rm(self._mem, seq, n, -1)
-        kept = [i for i, _ in windows if i < len(blocks)]
+        windows = kept([(i, w) for i, w in windows if i < len(blocks)], data)
         for i, window in windows:
-            if i < len(blocks):
-                self.put(blocks[i], window)
+            self.put(blocks[i], window)
         # saved again later, the prefix keeps the same points (window_points takes a mark's own block first)
-        self._marks[seq] = sorted((i + 1) * bs for i in kept) + ([n] if self.covers(seq, n) else [])
-        return bool(kept) or self.covers(seq, n)
+        self._marks[seq] = sorted((i + 1) * bs for i, _ in windows) + ([n] if self.covers(seq, n) else [])
+        return bool(windows) or self.covers(seq, n)
 
     # ---- checkpoints ----
-    def put(self, block: int, data: bytes) -> None:
+    def put(self, block: int, data: State) -> None:
         self._points.put(block, data, max(MIN_BUDGET, BUDGET_WINDOWS * len(data)))
 
     def drop(self, blocks: list[int]) -> None:

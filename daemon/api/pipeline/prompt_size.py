@@ -4,7 +4,9 @@ No token of a vocabulary stands for more than its longest piece (L bytes), so a 
 window x L characters needs more than `window` tokens: it cannot fit, whatever the tokenizer does with it.
 That bound costs nothing to check, while rendering 50,000 chat messages and tokenizing the result costs
 seconds to minutes of a worker (llama.cpp's tokenizer is slow on megabytes). L is measured once per loaded
-tokenizer, and only when a request is big enough for the bound to matter.
+tokenizer, and only when a request is big enough for the bound to matter: a few pieces sampled across the
+vocabulary give a lower bound on L first (measuring all of a 262k-token vocabulary costs ~0.4 s on a CPU, which a
+long prompt after each model load paid on its TTFT), and a text within window x that bound cannot be refused.
 """
 from __future__ import annotations
 
@@ -18,6 +20,28 @@ from ..http.errors import APIError
 log = logging.getLogger(__name__)
 
 _longest: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+_at_least: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+SAMPLES = 2048  # pieces read for the lower bound (~2 ms)
+
+
+def piece_lower_bound(model: LoadedModel) -> int:
+    """Bytes of the longest of a sample of the vocabulary's pieces: the longest piece is at least this long."""
+    tok = model.runner.tokenizer
+    try:
+        return _at_least[tok]
+    except (KeyError, TypeError):
+        pass
+    n = 1
+    try:
+        step = max(1, int(tok.vocab_size) // SAMPLES)
+        n = max(1, max((len(tok.token_bytes(t)) for t in range(0, int(tok.vocab_size), step)), default=1))
+    except Exception:  # noqa: BLE001 - 1 is always a lower bound; the full measurement decides then
+        log.debug("could not sample the vocabulary of %s", model.name, exc_info=True)
+    try:
+        _at_least[tok] = n
+    except TypeError:
+        pass
+    return n
 
 
 def longest_piece(model: LoadedModel) -> int | None:
@@ -43,6 +67,8 @@ def char_limit(model: LoadedModel, window: int, input_chars: int) -> int | None:
     """The most characters a prompt for `window` tokens can have; None when the input is too small to matter
     (`input_chars`: the request's own text, which the rendered prompt mostly consists of)."""
     if input_chars <= window:  # the bound is at least `window` characters: nothing to measure for it
+        return None
+    if input_chars <= window * piece_lower_bound(model):  # ... nor at least window x a piece we know of
         return None
     n = longest_piece(model)
     return None if n is None else window * n

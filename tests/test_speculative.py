@@ -207,7 +207,7 @@ def test_adaptive_draft_size_follows_acceptance_and_cost() -> None:
 
 
 def test_a_step_in_the_kernels_cost_is_learned_and_avoided() -> None:
-    """llama.cpp's CPU kernels: Gemma 3 270M's step with 5 logits rows cost 2.2 decodes, with 4 rows 1.5 (its
+    """llama.cpp's CPU kernels: Gemma 3 270M's step with 5 logits rows cost 2.1 decodes, with 4 rows 1.5 (its
     262k-row output matrix). A line through such costs mispredicts both sides; the per-count residuals do not, and
     the drafts stop below the step unless enough tokens past it pay for it."""
     def t(k: int) -> float:

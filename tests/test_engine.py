@@ -97,6 +97,43 @@ def test_abort_frees_kv_and_slot():
     assert len(runner.freed) == 2  # the runner was told to forget both slots
 
 
+def test_shutdown_from_two_threads_at_once():
+    # The daemon's drain (abort_all after the grace period) and its lifespan shutdown (freeing the models) both shut
+    # an engine down, each in a worker thread: one used to find the loop thread gone between its join and its check
+    # (AttributeError in the shutdown log, CI). Both must return once the engine is down, with nothing left running.
+    import threading
+    import time
+
+    class SlowStep(ToyRunner):
+        def step(self, batch):
+            time.sleep(0.01)  # a step takes a while: the two shutdowns overlap
+            return super().step(batch)
+
+    eng = Engine(SlowStep(eos_bias=-100), EngineConfig())
+    eng.start()
+    stream = eng.submit(list(range(1, 20)), SamplingParams(temperature=0, num_predict=100000), loop=None)
+    first = next(iter(stream))  # decoding
+    assert first.done_reason is None
+    errors: list[BaseException] = []
+    go = threading.Barrier(2)
+
+    def stop() -> None:
+        go.wait()
+        try:
+            eng.shutdown()
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=stop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert [d.done_reason for d in stream][-1] == "abort"
+    assert eng.stats().running == 0 and eng.stats().kv_blocks_used == 0
+
+
 def test_stats_from_other_threads_never_show_a_half_released_sequence():
     # llama.cpp's free (llama_memory_seq_rm) releases the GIL: a live read of the scheduler from an HTTP thread
     # could see the KV already freed but the sequence still running. stats() must be one consistent picture.

@@ -112,6 +112,8 @@ class Engine:
         self._published_wait: dict[int, tuple[int, str]] = {}  # the last (position, reason) told per sequence
         self.progress = PromptProgress()  # prompt progress for the requests that asked for it
         self._thread: threading.Thread | None = None
+        self._shutdown_lock = threading.Lock()
+        self._down = False  # shut down: a later shutdown() has nothing left to do
         self._stopping = False
         self.steps = 0
         self.decode_passes = 0
@@ -134,6 +136,7 @@ class Engine:
         self.spec.add_drafter(names, DraftModel(runner))
 
     def start(self) -> None:
+        self._down = False
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"engine-{self.name}", daemon=True)
             self._thread.start()
@@ -279,7 +282,16 @@ class Engine:
         return not self._seqs and not self._inbox
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort what runs, stop the loop thread, hand the cache to disk. Safe to call from several threads at once
+        (the daemon's drain aborts every engine while its shutdown frees them): each returns once the engine is down."""
         self._stopping = True
+        with self._shutdown_lock:
+            if self._down:
+                return
+            self._shutdown(timeout)
+            self._down = True
+
+    def _shutdown(self, timeout: float) -> None:
         if self._reader is not None:
             self._reader.shutdown(wait=True, cancel_futures=False)  # its "add"s land in the inbox, aborted below
         if self._thread is None:
@@ -292,12 +304,11 @@ class Engine:
             self._persist()
             return
         self._post("stop", None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():  # a long step or a large export: the runner must not be freed under it
-                log.warning("engine %s still busy after %.0f s of shutdown; waiting for it", self.name, timeout)
-                self._thread.join()
-            self._thread = None
+        self._thread.join(timeout)
+        if self._thread.is_alive():  # a long step or a large export: the runner must not be freed under it
+            log.warning("engine %s still busy after %.0f s of shutdown; waiting for it", self.name, timeout)
+            self._thread.join()
+        self._thread = None
 
     # ---- engine thread ----
     def _release_slot(self, slot: int) -> None:

@@ -13,7 +13,8 @@ from starlette.requests import HTTPConnection
 from .settings import Settings
 from .discovery import Advertiser
 from .events import EventHub
-from .manager import ModelManager, ModelRecord
+from .manager import ModelManager
+from .model_types import ModelRecord
 from .metrics import Metrics
 
 T = TypeVar("T")

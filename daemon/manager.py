@@ -6,155 +6,24 @@ A request holds a `Lease` while it runs; when the last lease of a model ends its
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import os
-import re
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ..backends.base import InsufficientMemory, ModelLoadError, Runner, RunnerSettings, auto_backend, load_runner
-from ..backends.choice import model_format, total_vram
+from ..backends.choice import total_vram
 from ..backends.registry import backend_spec, specs
 from ..backends.common.gpu_plan import default_context_length
 from .settings import FOREVER, Settings
-from .engine.draft_model import DraftVocabMismatch, check_vocab
 from .engine.engine import Engine, EngineConfig
 from .engine.kv_disk import DiskKVCache
+from .model_types import (Busy, CannotServe, GpuOptions, LoadedModel, LoadFailed, ModelRecord, ShuttingDown,
+                          check_num_ctx, memory_size, model_gpu, model_num_ctx, public_text)
+from .drafts import Drafts
 
 log = logging.getLogger(__name__)
-
-
-class ManagerError(Exception):
-    """A request the manager cannot serve; the API answers each kind with its HTTP status."""
-
-
-class ShuttingDown(ManagerError):
-    """The daemon is stopping: no new leases."""
-
-
-class Busy(ManagerError):
-    """As many requests as the daemon queues are already waiting for a model."""
-
-
-class CannotServe(ManagerError):
-    """The request asks what this model cannot give: a remote model here, a num_ctx over its trained window or over
-    what this machine's memory can give one sequence."""
-
-
-class NotFound(ManagerError):
-    """A model the request names besides its own (a draft model) is not in the store."""
-
-
-class LoadFailed(ManagerError):
-    """The model did not load; `model_fault` when its files are bad or unsupported (the same answer every time)."""
-
-    def __init__(self, message: str, model_fault: bool = False) -> None:
-        super().__init__(message)
-        self.model_fault = model_fault
-
-
-@dataclass
-class ModelRecord:
-    """What the manager and the API need from the store about one model."""
-
-    name: str  # display name, e.g. "demo:latest"
-    path: str  # weights file (GGUF blob) or HF directory
-    template: str | None = None  # the store's TEMPLATE (Go template or Jinja), None = the model file's own
-    system: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # Modelfile PARAMETERs (sampling defaults, stop)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
-    digest: str = ""
-    context_length: int | None = None  # trained window if the store knows it
-    size: int = 0
-    bos_token: str | None = None  # special-token texts for Jinja templates
-    eos_token: str | None = None
-    synthetic: bool = False
-    remote: dict[str, Any] | None = None  # served by an upstream engine (daemon/api/remote/), never loaded here
-    projector: str | None = None  # vision projector GGUF (a projector layer): images in on llama.cpp
-
-
-@dataclass
-class LoadedModel:
-    record: ModelRecord
-    runner: Runner
-    engine: Any  # evenflow.daemon.engine.Engine
-    context_length: int  # the num_ctx it loaded with: a request without one gets its own default (`default_window`)
-    load_duration_ns: int
-    size: int
-    backend: str
-    gpu: "GpuOptions" = field(default_factory=lambda: GpuOptions())  # the num_gpu / main_gpu it loaded with
-    draft: Runner | None = None  # the draft model's runner (speculative decoding, Modelfile DRAFT)
-    settings: RunnerSettings | None = None  # what the runner loaded with (a request's draft model loads alike)
-    drafts: dict[str, Runner] = field(default_factory=dict)  # draft models requests named, by store name
-    draft_name: str = ""  # the store name of `draft`
-    vram_default: int = 4096  # Ollama's default num_ctx for the GPU memory this model runs with
-    active: int = 0
-    keep_alive: float = 300.0
-    expires_at: float = math.inf  # unix seconds; inf while in use or forever
-    last_used: float = field(default_factory=time.monotonic)
-    timer: asyncio.TimerHandle | None = None
-    unsubscribe: Callable[[], None] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.record.name
-
-    @property
-    def trained_context(self) -> int:
-        return int(self.runner.info.context_length)
-
-    @property
-    def max_context(self) -> int:
-        """The largest num_ctx a request gets without a reload: what one sequence can hold in the KV pool."""
-        return int(self.engine.max_context)
-
-    def default_window(self, default_num_ctx: int) -> int:
-        """A request's window when it names no num_ctx: the model's PARAMETER num_ctx, else the daemon's
-        OLLAMA_CONTEXT_LENGTH (`default_num_ctx`, 0 = unset), else Ollama's default by GPU memory; at most the
-        trained window."""
-        return min(_model_num_ctx(self.record) or default_num_ctx or self.vram_default, self.trained_context)
-
-
-@dataclass(frozen=True)
-class GpuOptions:
-    """Ollama's load-time GPU options: num_gpu (layers to offload; None or < 0 = as many as fit, 0 = CPU only) and
-    main_gpu (which GPU). A change reloads the model, as in Ollama (`needsReload`); None leaves the loaded choice."""
-
-    num_gpu: int | None = None
-    main_gpu: int | None = None
-
-    def over(self, base: "GpuOptions") -> "GpuOptions":
-        """These options where set, else `base`'s (a request's over the model's PARAMETERs)."""
-        return GpuOptions(base.num_gpu if self.num_gpu is None else self.num_gpu,
-                          base.main_gpu if self.main_gpu is None else self.main_gpu)
-
-    def reloads(self, loaded: "GpuOptions") -> bool:
-        """Whether a model loaded with `loaded` must reload to honour these (num_gpu < 0 means auto: never)."""
-        return ((self.num_gpu is not None and self.num_gpu >= 0 and self.num_gpu != loaded.num_gpu)
-                or (self.main_gpu is not None and self.main_gpu != loaded.main_gpu))
-
-
-def _model_gpu(record: ModelRecord) -> GpuOptions:
-    """The model's PARAMETER num_gpu / main_gpu."""
-    pick = lambda k: record.params.get(k) if isinstance(record.params.get(k), int) else None  # noqa: E731
-    return GpuOptions(pick("num_gpu"), pick("main_gpu"))
-
-
-def check_num_ctx(name: str, num_ctx: int | None, trained: int | None) -> None:
-    """CannotServe for a num_ctx over the model's trained window (when known)."""
-    if num_ctx is not None and trained and num_ctx > trained:
-        raise CannotServe(f"num_ctx {num_ctx} exceeds the context length of model '{name}' ({trained} tokens); "
-                          f"use num_ctx <= {trained}")
-
-
-def _model_num_ctx(record: ModelRecord) -> int | None:
-    """The model's PARAMETER num_ctx (Ollama's precedence: a request's num_ctx, then this, then the default)."""
-    v = record.params.get("num_ctx")
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 class Lease:
@@ -194,7 +63,7 @@ class ModelManager:
         self._pending = 0  # requests waiting for a model (queue depth before the engine)
         self._closing = False
         self._listeners: list[Callable[[dict], None]] = []  # engine event subscribers, attached at load
-        self._draft_loading: dict[tuple[int, str], asyncio.Future[None]] = {}  # (model, draft): a load under way
+        self.drafts = Drafts(resolve, loader)
         # cached prefixes outlive an unload or a restart (engine/kv_disk.py); None when the budget is 0
         self.kv_disk = DiskKVCache(settings.kv_cache_dir, settings.kv_cache_size) if settings.kv_cache_size > 0 \
             else None
@@ -220,7 +89,7 @@ class ModelManager:
                       gpu: GpuOptions | None = None, draft: str | None = None) -> Lease:
         """Resolve (unless given the record the request resolved already), load if needed (shared), and hold `name`
         for one request whose sequence gets `num_ctx` tokens (None: the model's default window; the lease says
-        which) and drafts with the draft model `draft` (loaded beside it: `_request_draft`); a ManagerError (or the
+        which) and drafts with the draft model `draft` (loaded beside it: `Drafts.for_request`); a ManagerError (or the
         resolver's) on failure."""
         if self._closing:
             raise ShuttingDown("server is shutting down")
@@ -234,7 +103,7 @@ class ModelManager:
         self._pending += 1
         t0 = time.perf_counter_ns()
         try:
-            model = await self._get_loaded(record, num_ctx, (gpu or GpuOptions()).over(_model_gpu(record)))
+            model = await self._get_loaded(record, num_ctx, (gpu or GpuOptions()).over(model_gpu(record)))
         finally:
             self._pending -= 1
         check_num_ctx(model.name, num_ctx, model.trained_context)  # the store may not have known the window
@@ -252,7 +121,8 @@ class ModelManager:
         lease = Lease(self, model, keep, time.perf_counter_ns() - t0, window)
         if draft:
             try:
-                lease.draft_model = await self._request_draft(model, draft)
+                loaded = lambda: self.models.get(model.name) is model  # noqa: E731
+                lease.draft_model = await self.drafts.for_request(model, draft, loaded)
             except BaseException:
                 lease.release()
                 raise
@@ -367,7 +237,7 @@ class ModelManager:
         vram_default = default_context_length(await asyncio.to_thread(total_vram, backend) if gpu.num_gpu != 0 else 0)
         # The pool holds the model's default window per slot, or the request's when larger: requests with or
         # without a num_ctx of their own then share the loaded model.
-        want = max(num_ctx or 0, _model_num_ctx(record) or s.context_length or vram_default)
+        want = max(num_ctx or 0, model_num_ctx(record) or s.context_length or vram_default)
         if record.context_length:
             want = min(want, record.context_length)
         # Monolithic prefill puts a whole prompt in one forward: the backend's step limit must cover the window.
@@ -399,7 +269,7 @@ class ModelManager:
                              f"(see the daemon log)") from None
         ctx = min(want, int(runner.info.context_length))
         try:
-            draft = await self._load_draft(record, backend, runner, rs)
+            draft = await self.drafts.of_model(record, backend, runner, rs)
         except BaseException:
             await asyncio.to_thread(runner.close)
             raise
@@ -410,7 +280,7 @@ class ModelManager:
                         draft=draft[0] if draft is not None else None)
         await asyncio.to_thread(engine.warm_disk_cache)
         engine.start()
-        size = _memory_size(record, runner) + (draft[1] if draft is not None else 0)
+        size = memory_size(record, runner) + (draft[1] if draft is not None else 0)
         model = LoadedModel(record, runner, engine, ctx, time.perf_counter_ns() - t0, size,
                             backend, gpu, draft[0] if draft is not None else None, rs,
                             draft_name=draft[2] if draft is not None else "", vram_default=vram_default)
@@ -423,98 +293,6 @@ class ModelManager:
         log.info("loaded %s in %.2fs (%s, ctx %d; one sequence holds up to %d tokens)", record.name,
                  model.load_duration_ns / 1e9, backend, ctx, model.max_context)
         return model
-
-    async def _load_draft(self, record: ModelRecord, backend: str, runner: Runner,
-                          rs: RunnerSettings) -> tuple[Runner, int, str] | None:
-        """The model's draft model (PARAMETER draft_model, from the Modelfile's DRAFT), its memory and store name;
-        None when it names none. LoadFailed (the model's fault) for a draft that cannot serve it."""
-        name = record.params.get("draft_model")
-        if not name:
-            return None
-        spec = backend_spec(backend)
-        if not spec.draft_model:
-            raise LoadFailed(f"model {record.name!r} names the draft model {name!r}, but draft models run on the "
-                             f"{' and '.join(s.title for s in specs() if s.draft_model)} backend only (this model runs "
-                             f"on {backend})", model_fault=True)
-        try:
-            draft_record = self.resolve(name)
-        except Exception as e:  # noqa: BLE001 - the resolver's own error says why (not found, invalid name)
-            raise LoadFailed(f"the draft model {name!r} of {record.name!r}: {e}", model_fault=True) from None
-        draft = await self._open_draft(record.name, backend, runner, rs, draft_record, name)
-        log.info("%s drafts with %s", record.name, name)
-        return draft, _memory_size(draft_record, draft), draft_record.name
-
-    async def _open_draft(self, target: str, backend: str, runner: Runner, rs: RunnerSettings,
-                          draft_record: ModelRecord, name: str) -> Runner:
-        """Load `draft_record` as a draft model of `runner` on `backend` (its slots and window); LoadFailed
-        (model_fault) when the backend cannot read it, it does not load or it has another vocabulary."""
-        spec = backend_spec(backend)
-        if draft_record.remote is not None or not spec.reads(model_format(draft_record.path)):
-            raise LoadFailed(f"the draft model {name!r} of {target!r} must be {spec.describe_formats()} (it runs "
-                             f"on {backend}, beside the model)", model_fault=True)
-        settings = dataclasses.replace(rs, max_num_seqs=runner.max_num_seqs, num_kv_blocks=None,
-                                       projector_path=None)
-        try:
-            draft = await asyncio.to_thread(self.loader, backend, draft_record.path, settings)
-        except ModelLoadError as e:
-            raise LoadFailed(f"failed to load the draft model {name!r}: {public_text(str(e), draft_record.path)}",
-                             model_fault=True) from None
-        try:
-            await asyncio.to_thread(check_vocab, runner, draft, target, name)
-        except DraftVocabMismatch as e:
-            await asyncio.to_thread(draft.close)
-            raise LoadFailed(str(e), model_fault=True) from None
-        return draft
-
-    async def _request_draft(self, model: LoadedModel, name: str) -> str:
-        """The draft model a request names (option draft_model), loaded beside `model` once and kept until it
-        unloads; its store name ("" when it is the model's own Modelfile draft). NotFound, or CannotServe /
-        LoadFailed saying why it cannot draft for this model."""
-        try:
-            record = self.resolve(name)
-        except Exception as e:  # noqa: BLE001 - the resolver's error for an unknown name is a 404
-            if getattr(e, "status", None) == 404:
-                raise NotFound(f"draft model {name!r} not found") from None
-            raise
-        if model.draft is not None and record.name == model.draft_name:
-            return ""  # the model's own (Modelfile) draft model: the default drafter
-        if not backend_spec(model.backend).draft_model:
-            raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: draft models run on the "
-                              f"{' and '.join(s.title for s in specs() if s.draft_model)} backend only (this model "
-                              f"runs on {model.backend})")
-        if model.settings is None:  # a model handed to the manager already loaded (tests): no settings to copy
-            raise CannotServe(f"model {model.name!r} cannot load a draft model beside it")
-        if (why := model.engine.cannot_draft()) is not None:
-            raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: {why}")
-        key = (id(model), record.name)
-        while record.name not in model.drafts:
-            fut = self._draft_loading.get(key)
-            if fut is not None:  # another request is loading it: its outcome is ours
-                await asyncio.shield(fut)
-                continue
-            fut = self._draft_loading[key] = asyncio.get_running_loop().create_future()
-            try:
-                draft = await self._open_draft(model.name, model.backend, model.runner, model.settings, record,
-                                               name)
-                if self.models.get(model.name) is not model:  # the daemon stopped meanwhile
-                    await asyncio.to_thread(draft.close)
-                    raise ShuttingDown("server is shutting down")
-                try:
-                    model.engine.add_draft([record.name], draft)
-                except ValueError as e:
-                    await asyncio.to_thread(draft.close)
-                    raise CannotServe(f"model {model.name!r} cannot draft with {name!r}: {e}") from None
-                model.drafts[record.name] = draft
-                model.size += _memory_size(record, draft)
-                log.info("%s drafts with %s for the requests that name it", model.name, record.name)
-                fut.set_result(None)
-            except BaseException as e:
-                fut.set_exception(e if isinstance(e, Exception) else RuntimeError("load cancelled"))
-                fut.exception()  # mark retrieved: waiters re-raise it themselves
-                raise
-            finally:
-                self._draft_loading.pop(key, None)
-        return record.name
 
     def _release(self, model: LoadedModel, keep_alive: float) -> None:
         model.active -= 1
@@ -580,19 +358,6 @@ def model_identity(path: str) -> str:
         return os.path.realpath(path)
 
 
-_BLOB_PATH = re.compile(r"(?:[^\s'\"]*[/\\])?blobs[/\\]sha256-([0-9a-fA-F]{64})")
-
-
-def public_text(text: str, model_path: str) -> str:
-    """A load error for a client: the model's store paths become its blob digest or its file names."""
-    base = os.path.basename(model_path.rstrip("/\\"))
-    if base.startswith("sha256-"):
-        text = text.replace(model_path, "sha256:" + base[len("sha256-"):])
-    else:  # a materialised HF folder: its files by their own names
-        text = text.replace(model_path.rstrip("/\\") + os.sep, "").replace(model_path, "the model folder")
-    return _BLOB_PATH.sub(lambda m: "sha256:" + m.group(1).lower(), text)
-
-
 def _device(backend: str, device: str, gpu: GpuOptions) -> str:
     """The device for Ollama's options where they pick it (torch runs a model whole: num_gpu 0 = the CPU, main_gpu N
     = cuda:N, any other num_gpu the GPU; `BackendSpec.gpu_device`). llama.cpp reads num_gpu / main_gpu itself."""
@@ -602,17 +367,3 @@ def _device(backend: str, device: str, gpu: GpuOptions) -> str:
     if gpu.num_gpu == 0:
         return "cpu"
     return pattern.format(gpu.main_gpu) if gpu.main_gpu is not None else device
-
-
-def _memory_size(record: ModelRecord, runner: Runner) -> int:
-    """Weights file plus the KV pool (what `ollama ps` calls size)."""
-    weights = record.size
-    if not weights:
-        try:
-            weights = os.path.getsize(record.path) if os.path.isfile(record.path) else 0
-        except OSError:
-            weights = 0
-    info = runner.info
-    head_dim = info.embedding_length // max(info.head_count, 1)
-    kv = 2 * info.block_count * info.head_count_kv * head_dim * runner.num_kv_blocks * runner.block_size * 2
-    return int(weights + kv)

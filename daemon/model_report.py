@@ -1,7 +1,7 @@
 """What /api/ps and `evenflow ps` say about a loaded model's memory: its GPU share and its KV pool."""
 from __future__ import annotations
 
-from .manager import LoadedModel
+from .model_types import LoadedModel
 
 
 def kv_pool(model: LoadedModel) -> dict[str, int]:

@@ -16,7 +16,8 @@ from evenflow.backends.choice import Machine, backends_for, choose_backend, tota
 from evenflow.backends.registry import LLAMA_DECODERS, backend_names, backend_spec, specs
 from evenflow.backends.synthetic.archs import GGUF_ONLY
 from evenflow.daemon.settings import load_settings
-from evenflow.daemon.manager import LoadFailed, ModelManager, ModelRecord
+from evenflow.daemon.manager import ModelManager
+from evenflow.daemon.model_types import LoadFailed, ModelRecord
 
 from toy_runner import ToyRunner
 

@@ -9,7 +9,8 @@ import pytest
 from evenflow.daemon.api.http.errors import APIError
 from evenflow.daemon.api.pipeline.options import requested_gpu
 from evenflow.daemon.settings import load_settings
-from evenflow.daemon.manager import GpuOptions, ModelManager, ModelRecord, _device
+from evenflow.daemon.manager import ModelManager, _device
+from evenflow.daemon.model_types import GpuOptions, ModelRecord
 from evenflow.daemon.model_report import vram_size
 
 from toy_runner import ToyRunner

@@ -15,7 +15,8 @@ import pytest
 from api_harness import BACKENDS, Daemon, start_daemon, upload_model
 from evenflow.backends.base import RunnerSettings, load_runner
 from evenflow.daemon.settings import load_settings
-from evenflow.daemon.manager import CannotServe, ModelManager, ModelRecord
+from evenflow.daemon.manager import ModelManager
+from evenflow.daemon.model_types import CannotServe, ModelRecord
 from evenflow.daemon.engine import Engine, EngineConfig, PromptTooLong, SamplingParams
 from toy_runner import ToyRunner
 

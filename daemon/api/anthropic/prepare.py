@@ -8,7 +8,7 @@ from typing import Any
 
 from ...engine.grammar import GrammarError, grammar_for_tool_call
 from ...engine.params import SamplingParams
-from ...manager import LoadedModel
+from ...model_types import LoadedModel
 from ...prompt.tools import tool_format_for
 from ..http.errors import APIError
 from ..pipeline import prepare, prompting

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ...context import context
-from ...manager import Busy, LoadFailed, ManagerError, NotFound, ShuttingDown
+from ...model_types import Busy, LoadFailed, ManagerError, NotFound, ShuttingDown
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, AsyncIterable, Callable, Iterator
 
 from ...settings import Settings
-from ...manager import ModelRecord
+from ...model_types import ModelRecord
 from ...store import store_errors as se
 from ...store import create_model, ensure_demo_model, hfpull, registry, show_model
 from ...store.manifest import ManifestError

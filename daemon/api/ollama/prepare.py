@@ -4,7 +4,7 @@ model the upstream request (`upstream_generate`, `upstream_chat`, in remote/conv
 from __future__ import annotations
 
 from ...engine.params import SamplingParams
-from ...manager import LoadedModel
+from ...model_types import LoadedModel
 from ..http.errors import APIError
 from ..pipeline import images as image_input
 from ..pipeline import overflow, prompt_size, prompting

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...engine.logprobs import MAX_TOP_LOGPROBS
 from ...engine.params import SamplingParams
-from ...manager import LoadedModel
+from ...model_types import LoadedModel
 from ..http.errors import APIError
 from ..pipeline import overflow, prompt_size, prompting
 from ..pipeline.options import request_priority, sampling_params

@@ -6,7 +6,8 @@ import asyncio
 
 import numpy as np
 
-from ...manager import Lease, LoadedModel
+from ...manager import Lease
+from ...model_types import LoadedModel
 from ..http.errors import APIError
 
 POOL_NONE, POOL_MEAN, POOL_CLS, POOL_LAST = 0, 1, 2, 3

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ...context import AppContext, context
-from ...manager import ModelRecord
+from ...model_types import ModelRecord
 from .. import remote
 from ..http.errors import APIError
 from ..http.wire import Wire, streamed

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...settings import keep_alive_seconds
 from ...engine.params import InvalidParams, SamplingParams
-from ...manager import GpuOptions, LoadedModel
+from ...model_types import GpuOptions, LoadedModel
 from ..http.errors import APIError
 from .prompt_size import ContextOverflow
 

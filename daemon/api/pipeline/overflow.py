@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...manager import LoadedModel
+from ...model_types import LoadedModel
 from . import prompt_size, prompting
 from .prompt_size import ContextOverflow, chat_chars
 

@@ -11,7 +11,7 @@ from ....backends.base import EmbedSpan
 from ... import cancel
 from ...engine.grammar import Constraint, GrammarError, grammar_for_format
 from ...engine.params import SamplingParams
-from ...manager import LoadedModel
+from ...model_types import LoadedModel
 from ..http.errors import APIError
 from . import images as image_input
 from . import overflow, prompt_size, prompting

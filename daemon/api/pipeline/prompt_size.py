@@ -14,7 +14,7 @@ import logging
 import weakref
 from typing import Any
 
-from ...manager import LoadedModel
+from ...model_types import LoadedModel
 from ..http.errors import APIError
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import weakref
 from typing import Any
 
 from ... import cancel
-from ...manager import LoadedModel
+from ...model_types import LoadedModel
 from ...prompt import formats
 from ...prompt import templates as tpl
 from ...store.names import parse_name

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...manager import LoadedModel
+from ...model_types import LoadedModel
 from ..http.errors import APIError
 from ..openai import prepare as chat_prepare
 from ..openai.request import ChatCompletionRequest

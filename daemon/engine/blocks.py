@@ -173,8 +173,8 @@ class BlockManager:
             # one, and stays cached (a block the runner dropped meanwhile is cached again once recomputed: it is
             # registered from the checkpoint on).
             self.rewind_tokens += (len(hit) - resume) * self.block_size
-            log.info("seq %d: its recurrent state resumes after %d of the %d cached prefix blocks (the last checkpoint); "
-                     "recomputing the other %d", seq.seq_id, resume, len(hit), len(hit) - resume)
+            log.info("seq %d: its recurrent state resumes after %d of the %d cached prefix blocks (the last "
+                     "checkpoint); recomputing the other %d", seq.seq_id, resume, len(hit), len(hit) - resume)
             if not self.rewind_in_place:
                 del hit[resume:]
         for b in hit:

@@ -9,9 +9,10 @@ back (`restore`) just before it queues the request, so admission sees an ordinar
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ...backends.base import Runner
 from ...backends.common.kv_plan import available_host_bytes
@@ -41,6 +42,7 @@ class DiskPrefixes:
         self.min_blocks = max(1, -(-disk.min_tokens // block_size))
         self._chains: collections.OrderedDict[bytes, list[bytes]] = collections.OrderedDict()
         self.restored_tokens = self.restored_bytes = self.failed = 0
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ---- the submitting thread ----
     def candidate(self, keys: list[bytes], blocks: BlockManager) -> tuple[Entry, int] | None:
@@ -53,9 +55,27 @@ class DiskPrefixes:
             return None
         return hit
 
-    # ---- a reader thread ----
-    def read(self, entry: Entry, num_blocks: int) -> Restore | None:
-        return self.disk.read(self.ns, entry, num_blocks)
+    def read_later(self, hit: tuple[Entry, int], then: Callable[[Restore | None], None]) -> None:
+        """Read the saved prefix on a reader thread (neither the submitting thread nor the engine's), then
+        `then(restore)`: None when the read failed, and the request goes on without it."""
+        if self._reader is None:
+            self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kv-read-{self.name}")
+        self._reader.submit(self._read, hit, then)
+
+    def stop_reading(self) -> None:
+        """Wait for the reads under way (their `then` runs)."""
+        if self._reader is not None:
+            self._reader.shutdown(wait=True, cancel_futures=False)
+
+    # ---- the reader thread ----
+    def _read(self, hit: tuple[Entry, int], then: Callable[[Restore | None], None]) -> None:
+        restore = None
+        try:
+            restore = self.disk.read(self.ns, *hit)
+        except Exception:  # noqa: BLE001 - the request goes on without the saved prefix
+            log.exception("reading a saved prefix failed")
+        finally:
+            then(restore)
 
     # ---- the engine thread ----
     def restore(self, r: Restore, blocks: BlockManager, runner: Runner) -> dict[str, Any] | None:

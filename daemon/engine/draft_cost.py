@@ -10,8 +10,8 @@ the sequences drafting). Until drafts have been measured, c and g are pulled tow
 cost (a ridge prior of about two steps' weight), so the first drafts are sized conservatively and then measured.
 
 A line misses the kernels' steps: on llama.cpp's CPU backend a Gemma 3 270M step with 5 logits rows cost 2.1 decodes
-and one with 4 rows 1.5 (its 262k-row output matrix; docs/bench/speculative_ceiling.md). So each count of tokens in a step keeps
-the mean of what the line missed at that count (its residual), added to the line's prediction there.
+and one with 4 rows 1.5 (its 262k-row output matrix; docs/bench/speculative_ceiling.md). So each count of tokens in
+a step keeps the mean of what the line missed at that count (its residual), added to the line's prediction there.
 """
 from __future__ import annotations
 

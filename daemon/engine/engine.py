@@ -29,8 +29,9 @@ from .kv_disk import DiskKVCache
 from .logprobs import MAX_TOP_LOGPROBS, TokenLogprob, log_softmax, token_logprob
 from .params import SamplingParams
 from .progress import PromptProgress
+from .publish import Publisher
 from .sampling import RequestRng, penalty_window, sample_batch
-from .scheduler import Scheduler, SchedulerConfig, StepPlan
+from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Delta, RequestStream, Sequence, Status
 from .speculative import make_speculator
 
@@ -84,7 +85,6 @@ class Engine:
         sig = runner.kv_signature() if kv_disk is not None and caching and kv_disk.budget > 0 else None
         self.disk = DiskPrefixes(kv_disk, {**sig, "model": model_id}, self.block_size, name) \
             if kv_disk is not None and sig is not None else None
-        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._deferred: set[int] = set()  # seq ids whose "add" waits for a disk read
         self._deferred_aborts: set[int] = set()
         self.policy = make_budget_policy(self.config, runner)
@@ -108,8 +108,7 @@ class Engine:
         self._seqs: dict[int, Sequence] = {}
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._cv = threading.Condition()
-        self._subscribers: list[Callable[[dict], None]] = []
-        self._published_wait: dict[int, tuple[int, str]] = {}  # the last (position, reason) told per sequence
+        self.events = Publisher(name)
         self.progress = PromptProgress()  # prompt progress for the requests that asked for it
         self._thread: threading.Thread | None = None
         self._shutdown_lock = threading.Lock()
@@ -213,20 +212,13 @@ class Engine:
         else:  # read the saved prefix off this thread and the engine's, then queue the request behind it
             with self._cv:
                 self._deferred.update(seq.seq_id for seq, _ in group)
-            if self._reader is None:
-                self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kv-read-{self.name}")
-            self._reader.submit(self._read_then_add, hit, group, logprobs)
+            self.disk.read_later(hit, lambda restore: self._restore_then_add(restore, group, logprobs))
         return [seq.stream for seq, _ in group]  # type: ignore[misc]
 
-    def _read_then_add(self, hit: Any, group: list, logprobs: int | None) -> None:
-        try:
-            restore = self.disk.read(*hit)  # type: ignore[union-attr]
-            if restore is not None:
-                self._post("restore", restore)
-        except Exception:  # noqa: BLE001 - the request goes on without the saved prefix
-            log.exception("reading a saved prefix failed")
-        finally:
-            self._post("add", (group, logprobs))
+    def _restore_then_add(self, restore: Any, group: list, logprobs: int | None) -> None:
+        if restore is not None:
+            self._post("restore", restore)
+        self._post("add", (group, logprobs))
 
     def abort(self, seq_id: int) -> None:
         self._post("abort", seq_id)
@@ -238,12 +230,8 @@ class Engine:
         return fut
 
     def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]:
-        self._subscribers = self._subscribers + [fn]
-
-        def unsubscribe() -> None:
-            self._subscribers = [f for f in self._subscribers if f is not fn]
-
-        return unsubscribe
+        """Call `fn(event)` on the engine thread for every step, request and disk event (publish.py)."""
+        return self.events.subscribe(fn)
 
     def stats(self) -> EngineStats:
         """A consistent picture: with the loop thread running, the one it published after its last step or
@@ -292,8 +280,8 @@ class Engine:
             self._down = True
 
     def _shutdown(self, timeout: float) -> None:
-        if self._reader is not None:
-            self._reader.shutdown(wait=True, cancel_futures=False)  # its "add"s land in the inbox, aborted below
+        if self.disk is not None:
+            self.disk.stop_reading()  # the reads' "add"s land in the inbox, aborted below
         if self._thread is None:
             with self._cv:
                 items = [(k, p) for k, p in self._inbox if k == "add"]
@@ -355,7 +343,7 @@ class Engine:
                 self._states[seq.seq_id] = _SeqState(seq, constraint, logprobs)
                 if i == 0 or not self.blocks.prefix_caching:
                     self.scheduler.add(seq)
-                self._publish_request(seq, "queued", priority=seq.priority)
+                self.events.request(seq, "queued", priority=seq.priority)
                 self.progress.add(seq)
             if len(group) > 1 and self.blocks.prefix_caching:
                 # the rest wait until the first has computed the prompt, then reuse its cached blocks
@@ -374,7 +362,7 @@ class Engine:
         elif kind == "restore":
             event = self.disk.restore(payload, self.blocks, self.runner)  # type: ignore[union-attr]
             if event is not None:
-                self._publish_disk(event)
+                self.events.disk(event)
         elif kind == "embed":
             ids, fut = payload
             if fut.set_running_or_notify_cancel():
@@ -397,9 +385,8 @@ class Engine:
             if span.seq.t_first_scheduled is None:
                 span.seq.t_first_scheduled = now
                 span.seq.metrics.queue_ns = now - span.seq.t_arrival
-                self._publish_request(span.seq, "scheduled", queue_ms=span.seq.metrics.queue_ns / 1e6)
-        if self._subscribers:
-            self._publish_waits(plan)
+                self.events.request(span.seq, "scheduled", queue_ms=span.seq.metrics.queue_ns / 1e6)
+        self.events.waits(plan)
         batch = plan.to_batch(self.block_size)
         self.cache_hit_tokens += plan.cache_hit_tokens
         self.cache_query_tokens += plan.cache_query_tokens
@@ -468,7 +455,8 @@ class Engine:
         if not plan.draft_tokens:  # a step with drafts carries no prompt chunk: it has nothing to teach the budget
             self.policy.observe(StepCost(plan.num_decodes, plan.prefill_tokens, plan.attention_work, total,
                                          len(plan.spans) - plan.num_decodes))
-        self._publish_step(plan, total, dt)
+        target = self.policy.target * 1e3 if isinstance(self.policy, AdaptiveBudget) else None
+        self.events.step(plan, total, dt, self.scheduler, self.blocks, target, self._accepted)
 
     def _may_draft(self, seq: Sequence) -> bool:
         """Speculation is off for grammar-constrained requests (a draft would have to pass the grammar first)."""
@@ -511,7 +499,7 @@ class Engine:
             seq.t_first_token = now
             m.ttft_ns = now - seq.t_arrival
             m.prompt_eval_duration = now - (seq.t_first_scheduled or now)
-            self._publish_request(seq, "first_token")
+            self.events.request(seq, "first_token")
         elif seq.t_last_token is not None:
             m.itl_ns.append(now - seq.t_last_token)
         seq.t_last_token = now
@@ -536,8 +524,8 @@ class Engine:
             self._finish(seq, "stop")
             return
         self._send(seq, Delta(text, [tok], logprobs=lps))
-        if self._subscribers:
-            self._publish_request(seq, "token", text=text)
+        if self.events:
+            self.events.request(seq, "token", text=text)
         p = seq.params
         if p.num_predict >= 0 and seq.num_generated >= p.num_predict:
             self._finish(seq, "length")
@@ -565,7 +553,7 @@ class Engine:
                     "and recomputing the rest (a context shift; `shift: false` stops with done_reason length)",
                     seq.seq_id, seq.user.get("endpoint", ""), seq.user.get("model", self.name), seq.max_tokens,
                     dropped, min(keep, seq.max_tokens - 1))
-        self._publish_request(seq, "shifted", tokens=dropped, keep=min(keep, seq.max_tokens - 1))
+        self.events.request(seq, "shifted", tokens=dropped, keep=min(keep, seq.max_tokens - 1))
 
     def _send(self, seq: Sequence, delta: Delta) -> None:
         if seq.stream is not None:
@@ -593,10 +581,10 @@ class Engine:
         if reason == "error":
             log.warning("request %d (%s %s) failed: %s", seq.seq_id, seq.user.get("endpoint", ""),
                         seq.user.get("model", self.name), error)
-        self._published_wait.pop(seq.seq_id, None)
+        self.events.forget(seq.seq_id)
         self.progress.forget(seq.seq_id)
         self._send(seq, Delta(tail, [], done=True, done_reason=reason, error=error, metrics=m))
-        self._publish_request(seq, "finished", done_reason=reason, text=tail, draft_tokens=m.draft_tokens,
+        self.events.request(seq, "finished", done_reason=reason, text=tail, draft_tokens=m.draft_tokens,
                               accepted_tokens=m.accepted_tokens)
 
     def _abort_all(self, reason: str, error: str | None) -> None:
@@ -615,62 +603,10 @@ class Engine:
         if event["entries"]:
             log.info("%s: saving %d cached prefixes (%.1f MiB) to the disk KV cache", self.name, event["entries"],
                      event["bytes"] / 2**20)
-            self._publish_disk(event)
+            self.events.disk(event)
 
     def warm_disk_cache(self) -> None:
         """Before serving (off the event loop): wait for writes still queued and index this model's saved prefixes."""
         if self.disk is not None:
             self.disk.disk.flush(60)
             self.disk.disk.index(self.disk.ns)
-
-    # ---- events ----
-    def _publish_disk(self, event: dict) -> None:
-        if self._subscribers:
-            self._emit({"type": "kv_disk", "time": time.time(), "model": self.name, **event})
-
-    def _emit(self, event: dict) -> None:
-        for fn in self._subscribers:
-            try:
-                fn(event)
-            except Exception:  # noqa: BLE001 - a broken subscriber must not stop the engine
-                log.exception("event subscriber failed")
-
-    def _publish_step(self, plan: StepPlan, dt: float, forward: float) -> None:
-        if not self._subscribers:
-            return
-        self._emit({
-            "type": "step", "time": time.time(), "model": self.name, "decodes": plan.num_decodes,
-            "prefill_tokens": plan.prefill_tokens, "prefill_seqs": len(plan.spans) - plan.num_decodes,
-            "attention_work": plan.attention_work, "held": plan.held,  # tokens in a shared KV cache (else None)
-            "running_tokens": sum(s.num_computed for s in self.scheduler.running),  # after the step
-            "step_ms": dt * 1e3, "forward_ms": forward * 1e3, "budget": plan.budget, "kv_used": self.blocks.num_used,
-            "kv_total": self.blocks.num_blocks, "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting), "preempted": len(plan.preempted), "parked": len(plan.parked),
-            "cached_tokens": plan.cache_hit_tokens, "admitted_tokens": plan.cache_query_tokens,
-            "kv_cached": self.blocks.num_cached,
-            "prefix_fallback_tokens": plan.fallback_tokens,
-            "prefix_rewind_tokens": plan.rewind_tokens,
-            # [seq_id, tokens computed] per prompt chunk: lets a monitor draw each ingestion's progress
-            "prefilled": [[s.seq.seq_id, s.seq.num_computed] for s in plan.spans[plan.num_decodes:]],
-            "target_ms": self.policy.target * 1e3 if isinstance(self.policy, AdaptiveBudget) else None,
-            # speculative decoding: draft tokens verified this step, how many were kept, decodes that carried them
-            "draft_tokens": plan.draft_tokens, "accepted_tokens": self._accepted,
-            "spec_spans": sum(1 for s in plan.spans if s.draft),
-        })
-
-    def _publish_waits(self, plan: StepPlan) -> None:
-        """A "waiting" event for each prompt whose place in the queue, or reason to wait, changed this step."""
-        for seq in plan.waiting:
-            if seq.wait is not None and seq.wait != self._published_wait.get(seq.seq_id):
-                self._published_wait[seq.seq_id] = seq.wait
-                self._publish_request(seq, "waiting", position=seq.wait[0], reason=seq.wait[1],
-                                      prefilled=seq.num_computed)
-        for span in plan.spans[plan.num_decodes:]:
-            self._published_wait.pop(span.seq.seq_id, None)
-
-    def _publish_request(self, seq: Sequence, event: str, **extra: Any) -> None:
-        if not self._subscribers:
-            return
-        self._emit({"type": "request", "event": event, "time": time.time(), "model": self.name,
-                    "seq_id": seq.seq_id, "user": seq.user, "prompt_tokens": seq.metrics.prompt_eval_count,
-                    "output_tokens": seq.num_generated, **extra})

@@ -78,7 +78,8 @@ def grammar_for_tool_call(schema: dict[str, Any], prefix: str = "", suffix: str 
     except SchemaError as e:
         raise GrammarError(f"invalid tool input_schema: {e}") from None
     body = json.dumps({**schema, "x-guidance": _JSON_OPTIONS})
-    parts = " ".join(p for p in (json.dumps(prefix) if prefix else "", "call", json.dumps(suffix) if suffix else "") if p)
+    pieces = (json.dumps(prefix) if prefix else "", "call", json.dumps(suffix) if suffix else "")
+    parts = " ".join(p for p in pieces if p)
     try:
         grammar = llg.grammar_from("lark", f"start: {parts}\ncall: %json {body}\n")
     except (ValueError, TypeError) as e:

@@ -9,8 +9,9 @@ blocks: the scheduler then sees a prefix hit.
 Layout: `<root>/<namespace>/<last block key>.kv`, where the namespace is a hash of everything that changes the KV
 bytes (the model's weights, backend, KV element types and layout, block size, format version; see
 `Runner.kv_signature`). A file is `MAGIC`, a JSON header (namespace, block count, payload length and checksum),
-the block keys, then the runner's payload. It is written to a temporary name, fsynced and renamed, so a kill mid-write leaves
-no file that can be read; a file whose header, namespace, length or checksum is wrong is ignored and deleted.
+the block keys, then the runner's payload. It is written to a temporary name, fsynced and renamed, so a kill
+mid-write leaves no file that can be read; a file whose header, namespace, length or checksum is wrong is ignored
+and deleted.
 Files are evicted least recently used (a hit touches its file) to stay under the size budget.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ import numpy as np
 
 from .archs import ARCHS, arch_shapes
 from .spec import ModelSpec
-from .random_weights import INIT_STD, is_norm
+from .random_weights import INIT_STD, is_norm, zero_non_text_rows
 
 # Attention's query and key projections, and the recurrent layers' mixing weights: drawn with spec.qk_std (sharp
 # attention, and a recurrent state that moves the logits, make cache bugs visible).
@@ -34,16 +34,8 @@ def arch_tensors(spec: ModelSpec) -> dict[str, np.ndarray]:
             w *= np.float32(spec.qk_std if name.endswith(_QK) else INIT_STD)
         out[name] = w
     if spec.text_only_output:
-        _zero_non_text_rows(spec, out)
+        zero_non_text_rows(spec, out["output.weight" if "output.weight" in out else "token_embd.weight"])
     return out
-
-
-def _zero_non_text_rows(spec: ModelSpec, tensors: dict[str, np.ndarray]) -> None:
-    from .tokenizer import vocab_for
-
-    rows = np.asarray(vocab_for(spec).output_mask(), dtype=np.int64)
-    key = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    tensors[key][rows[rows < spec.vocab_size]] = 0.0
 
 
 def write_arch_hparams(writer, spec: ModelSpec) -> None:

@@ -57,20 +57,20 @@ def build_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
             w *= np.float32(spec.qk_std if qk else INIT_STD)
             weights[name] = w
     if spec.text_only_output:
-        _zero_non_text_rows(spec, weights)
+        tied = spec.tie_word_embeddings
+        if tied:  # tied: the input embeddings of those tokens become zero as well
+            log.warning("text_only_output with tied embeddings zeroes the input embeddings of those tokens")
+        zero_non_text_rows(spec, weights[("model.embed_tokens.weight" if tied else "lm_head.weight")])
     return weights
 
 
-def _zero_non_text_rows(spec: ModelSpec, weights: dict[str, np.ndarray]) -> None:
-    """Zero output rows of control, user-defined and single-byte tokens: random logits elsewhere win greedy decoding."""
+def zero_non_text_rows(spec: ModelSpec, output: np.ndarray) -> None:
+    """Zero the output rows of control, user-defined and single-byte tokens (random logits elsewhere win greedy
+    decoding): HF's lm_head, or GGUF's output / tied token_embd."""
     from .tokenizer import vocab_for
 
     rows = np.asarray(vocab_for(spec).output_mask(), dtype=np.int64)
-    rows = rows[rows < spec.vocab_size]
-    key = "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
-    if spec.tie_word_embeddings:  # tied: the input embeddings of those tokens become zero as well
-        log.warning("text_only_output with tied embeddings zeroes the input embeddings of %d tokens", len(rows))
-    weights[key][rows] = 0.0
+    output[rows[rows < spec.vocab_size]] = 0.0
 
 
 def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -27,7 +27,6 @@ class LlamaCppTokenizer:
         # every end-of-generation token (EOS, EOT, <|im_end|>, ...): one pass over the vocab at load
         self.eos_ids: set[int] = {t for t in range(self.vocab_size) if L.llama_vocab_is_eog(vocab, t)}
         self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Text to ids; BOS per the vocab's add-BOS rule when `add_special`."""
@@ -44,16 +43,20 @@ class LlamaCppTokenizer:
         return list(buf[:n])
 
     def token_bytes(self, token_id: int) -> bytes:
-        """Raw bytes of one token (b"" for control tokens); cached per id."""
+        """Raw bytes of one token (b"" for control tokens); cached per id. Thread-safe: the engine thread and
+        request threads (structure tokens, grammars) read pieces at once."""
         piece = self._pieces.get(token_id)
         if piece is None:
             if not 0 <= token_id < self.vocab_size:
                 raise ValueError(f"token id {token_id} out of range [0, {self.vocab_size})")
-            n = L.llama_token_to_piece(self._vocab, token_id, self._piece_buf, len(self._piece_buf), 0, False)
+            # a buffer per call: llama.cpp writes the piece with the GIL released, so a buffer shared by the
+            # tokenizer's callers can hold another thread's piece by the time this one reads it (and caches it)
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
             if n < 0:  # piece longer than the buffer
-                self._piece_buf = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self._vocab, token_id, self._piece_buf, -n, 0, False)
-            piece = self._piece_buf.raw[:n]
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
             self._pieces[token_id] = piece
         return piece
 

@@ -253,3 +253,25 @@ def test_twins_parting_leave_whole_chains(runners):
         machine.nothing_lost()
     machine.teardown()
     machine.nothing_lost()
+
+
+def test_identical_prompts_admitted_together_over_a_parked_twin(runners):
+    """Several requests with one prompt admitted in the same step, while an earlier request with that prompt is parked
+    (its prefix cached, its output after it), beside a shorter and a longer prompt sharing the start: each equals its
+    solo run (the all-at-once family test's pattern, at the engine: hits taken over in place and copied at once)."""
+    CacheMachine.warm, CacheMachine.solo = runners
+    CacheMachine.oracle = {}
+    machine = CacheMachine()
+    machine.start(docs=[list(range(3, 3 + DOC_LEN)), [7] * DOC_LEN, [9] * DOC_LEN])
+    machine.submit(doc=0, blocks=5, off=2, tail=[5], n=6, drafts=-1, copy=4)
+    machine.step(steps=4)
+    machine.step(steps=4)
+    assert not machine.live, "the first request is parked before the others come"
+    for blocks, off, drafts in ((5, 2, -1), (5, 2, 3), (5, 2, 0), (5, 2, -1), (3, 1, -1), (7, 0, -1)):
+        machine.submit(doc=0, blocks=blocks, off=off, tail=[5], n=6, drafts=drafts, copy=4)
+    machine.step(steps=1)
+    # the parked stream taken over by one, copied for the others (the twins' 6 full blocks each)
+    assert machine.engine.cache_hit_tokens >= 3 * 6 * BS, "identical prompts served from the cache in one step"
+    machine.nothing_lost()
+    machine.teardown()
+    machine.nothing_lost()

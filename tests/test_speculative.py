@@ -357,6 +357,9 @@ def test_monitor_shows_drafts_and_their_acceptance() -> None:
     column = ["".join(piece for piece, _ in row[1:])[1] for row in rows]  # the step with 8 draft tokens
     assert column.count("█") == 2 and column.count("░") == 8
     assert state.speculation(200.0) is None  # a minute later nothing is left in the window
+    state.apply({"type": "model", "event": "loaded", "model": "m", "backend": "llamacpp", "size": 100})
+    state.apply({"type": "model", "event": "draft_loaded", "model": "m", "draft": "d", "size": 130})
+    assert state.models["m"].size == 130  # a request's draft model loaded beside it
 
 
 # ---- a draft model (llama.cpp) ----

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Callable
 
 from ..backends.base import ModelLoadError, Runner, RunnerSettings
@@ -20,9 +21,11 @@ log = logging.getLogger(__name__)
 class Drafts:
     """Loads draft models with the manager's resolver and loader; concurrent requests for one draft share one load."""
 
-    def __init__(self, resolve: Callable[[str], ModelRecord], loader: Callable[..., Runner]) -> None:
+    def __init__(self, resolve: Callable[[str], ModelRecord], loader: Callable[..., Runner],
+                 notify: Callable[[dict], None] = lambda ev: None) -> None:
         self.resolve = resolve
         self.loader = loader
+        self.notify = notify  # /api/events: a draft model a request loaded
         self._loading: dict[tuple[int, str], asyncio.Future[None]] = {}  # (model, draft): a load under way
 
     async def of_model(self, record: ModelRecord, backend: str, runner: Runner,
@@ -94,6 +97,7 @@ class Drafts:
                 await asyncio.shield(fut)
                 continue
             fut = self._loading[key] = asyncio.get_running_loop().create_future()
+            t0 = time.perf_counter()
             try:
                 draft = await self._open(model.name, model.backend, model.runner, model.settings, record,
                                                name)
@@ -108,6 +112,8 @@ class Drafts:
                 model.drafts[record.name] = draft
                 model.size += memory_size(record, draft)
                 log.info("%s drafts with %s for the requests that name it", model.name, record.name)
+                self.notify({"type": "model", "event": "draft_loaded", "model": model.name, "draft": record.name,
+                             "load_ms": (time.perf_counter() - t0) * 1e3, "size": model.size})
                 fut.set_result(None)
             except BaseException as e:
                 fut.set_exception(e if isinstance(e, Exception) else RuntimeError("load cancelled"))

@@ -19,6 +19,7 @@ from evenflow.daemon.engine.draft_cost import DraftCost
 from evenflow.daemon.engine.grammar import grammar_for_format
 from evenflow.daemon.engine.blocks import blocks_for
 from evenflow.daemon.engine.ngram import lookup
+from evenflow.daemon.engine.speculative import _SeqSpec
 
 from toy_runner import ToyRunner
 
@@ -222,6 +223,68 @@ def test_a_step_in_the_kernels_cost_is_learned_and_avoided() -> None:
     assert _sized(5, 0.020, 0.001, jump_s=0.014) == 16  # all kept and cheap: 12 more tokens pay for the step
 
 
+def test_what_a_draft_costs_outlives_a_run_of_plain_steps() -> None:
+    """Drafting steps measured dear stay measured after hundreds of plain steps (a prompt going in, drafts failing):
+    the prior, which prices a draft far cheaper on llama.cpp's streams, does not come back."""
+    cost = DraftCost()
+    for k in (1, 2, 1, 2, 1, 3):
+        cost.observe(4, k, k, 0, 0.045 + k * 0.025)
+    for _ in range(300):
+        cost.observe(4, 0, 0, 0, 0.045)
+    assert cost.predict(4, 1, 1) == pytest.approx(0.070, rel=0.1)
+    assert cost.predict(4, 0, 0) == pytest.approx(0.045, rel=0.05)
+
+
+def _probes(target_ms: float, pass_s: float, streams: int = 4) -> tuple[int, int]:
+    """(draft tokens, drafting spans) the speculator gives `streams` decodes that have all drafted nothing for long
+    and hold a 2-token match of poor acceptance, on llama.cpp's per-sequence streams (a drafting span is a pass of
+    its own, measured at `pass_s`; a step of plain decodes at 45 ms)."""
+    engine = toy_engine(target_itl_ms=target_ms, budget=256)
+    spec = engine.spec
+    spec.one_pass = False
+    subs = [engine.submit(PROMPTS[i][:10] * 6, SamplingParams(temperature=0, num_predict=100, draft_num_predict=0),
+                          loop=None) for i in range(streams)]
+    while len(engine.scheduler.running) < streams or any(q.num_computed < 60 for q in engine.scheduler.running):
+        engine.run_once()
+    for _ in range(40):
+        spec.cost.observe(streams, 0, 0, 0, 0.045)
+    for k in (1, 2):
+        spec.cost.observe(streams, k, k, 0, 0.045 + k * (0.006 + pass_s))
+    plan = engine.scheduler.schedule()
+    spec.drafter.offer = lambda s, cap: (cap, 2)
+    spec.drafter.draft = lambda wants: [[7] * k for _, k in wants]
+    for q in engine.scheduler.running:
+        q.params.draft_num_predict = -1
+        spec.verified(q, 2, 4, 0)  # drafts of a 2-token match fail here: none worth sizing
+        spec._seqs[q.seq_id] = _SeqSpec(idle=10_000)
+    spec.extend(plan, engine.blocks, lambda s: True)
+    for sub in subs:
+        engine.abort(sub.seq_id)
+    return plan.draft_tokens, sum(1 for sp in plan.spans if sp.draft)
+
+
+def test_probes_come_one_a_step_within_the_target_and_back_off() -> None:
+    """Streams that have not drafted for long probe one token each, but one stream a step (four at once on llama.cpp's
+    streams took 138 ms where the decodes took 45), never past the latency target, and a stream whose drafts keep
+    failing probes ever more rarely."""
+    assert _probes(target_ms=150, pass_s=0.020) == (1, 1)
+    assert _probes(target_ms=60, pass_s=0.020) == (0, 0)  # 45 + 26 ms > 60 ms: the others' gap comes first
+    engine = toy_engine()
+    [sub] = [engine.submit(PROMPTS[0], SamplingParams(temperature=0, num_predict=5), loop=None)]
+    engine.run_once()
+    seq = engine.scheduler.running[0]
+    spec = engine.spec
+    spec._seqs[seq.seq_id] = _SeqSpec()
+    waits = []
+    for _ in range(6):
+        spec.verified(seq, 2, 1, 0)
+        waits.append(spec._seqs[seq.seq_id].probe_every)
+    assert waits == [64, 128, 256, 512, 512, 512]
+    spec.verified(seq, 2, 1, 1)
+    assert spec._seqs[seq.seq_id].probe_every == 32
+    engine.abort(sub.seq_id)
+
+
 # ---- real backends: a model that repeats itself, so drafts are kept, and one that does not ----
 
 def _audit(engine: Engine, backend: str) -> None:
@@ -294,6 +357,9 @@ def test_monitor_shows_drafts_and_their_acceptance() -> None:
     column = ["".join(piece for piece, _ in row[1:])[1] for row in rows]  # the step with 8 draft tokens
     assert column.count("█") == 2 and column.count("░") == 8
     assert state.speculation(200.0) is None  # a minute later nothing is left in the window
+    state.apply({"type": "model", "event": "loaded", "model": "m", "backend": "llamacpp", "size": 100})
+    state.apply({"type": "model", "event": "draft_loaded", "model": "m", "draft": "d", "size": 130})
+    assert state.models["m"].size == 130  # a request's draft model loaded beside it
 
 
 # ---- a draft model (llama.cpp) ----

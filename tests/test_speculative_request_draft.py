@@ -56,6 +56,8 @@ def test_a_request_drafts_with_the_model_it_names(daemon: Daemon) -> None:
     client = ollama.Client(host=daemon.url, timeout=120)
     want = greedy(client, PROMPTS[0])
     size = next(m.size for m in client.ps().models if m.model == "plain:latest")
+    events: list[dict] = []
+    daemon.ctx.manager.add_listener(lambda e: events.append(e) if e.get("type") == "model" else None)
     got = greedy(client, PROMPTS[0], draft_model="small", draft_num_predict=4)
     assert got.response == want.response and got.eval_count == want.eval_count == 40
     loaded = daemon.ctx.manager.models["plain:latest"]
@@ -63,7 +65,11 @@ def test_a_request_drafts_with_the_model_it_names(daemon: Daemon) -> None:
     st = loaded.engine.stats()
     # the draft model's tokens were verified (prompt lookup proposed none), and counted
     assert loaded.engine.spec.drafted_by("small:latest") == st.draft_tokens > 0
-    assert next(m.size for m in client.ps().models if m.model == "plain:latest") > size  # its memory counts
+    grown = next(m.size for m in client.ps().models if m.model == "plain:latest")
+    assert grown > size  # its memory counts
+    # /api/events said so (the monitor's size follows it)
+    assert [(e["event"], e["model"], e["draft"], e["size"]) for e in events] == [
+        ("draft_loaded", "plain:latest", "small:latest", grown)] and events[0]["load_ms"] > 0
     metrics = httpx.get(daemon.url + "/metrics").text
     assert f'evenflow_speculative_draft_tokens_total{{model="plain:latest"}} {float(st.draft_tokens)}' in metrics
     # /v1 names it in the body (the openai client's extra_body)

@@ -149,6 +149,8 @@ class MonitorState:
                 info = self._model(ev["model"])
                 info.backend, info.context_length = ev.get("backend", ""), ev.get("context_length", 0)
                 info.slots, info.size = ev.get("slots"), ev.get("size")
+            elif ev.get("event") == "draft_loaded":  # a request's draft model, loaded beside it: ps's size grew
+                self._model(ev["model"]).size = ev.get("size")
             elif ev.get("event") == "unloaded":
                 self.models.pop(ev.get("model", ""), None)
         elif kind == "dropped":

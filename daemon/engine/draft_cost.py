@@ -6,8 +6,10 @@ fitted by weighted least squares over the recent steps that carried no prompt ch
 `extra_passes` counts the micro-batches a step runs beyond one: llama.cpp's per-sequence KV streams run a span of
 several tokens as a pass of its own unless it is the step's only span, so a draft there costs a pass over the
 weights on top of its rows. `draft_passes` are a draft model's forward passes (one per draft position, shared by
-the sequences drafting). Until drafts have been measured, c and g are pulled towards half and most of a decode's
-cost (a ridge prior of about two steps' weight), so the first drafts are sized conservatively and then measured.
+the sequences drafting). Until drafts have been measured, c is pulled towards half a decode's cost and g towards
+most of a step's (a ridge prior of about two steps' weight), so the first drafts are sized conservatively and then
+measured. Steps that carried drafts keep a window of their own: a long run of plain steps (drafts failing, a prompt
+going in) does not forget what a draft costs, so the prior does not come back to price the next one.
 
 A line misses the kernels' steps: on llama.cpp's CPU backend a Gemma 3 270M step with 5 logits rows cost 2.1 decodes
 and one with 4 rows 1.5 (its 262k-row output matrix; docs/bench/speculative_ceiling.md). So each count of tokens in
@@ -27,9 +29,10 @@ RESIDUAL_PRIOR = 1.0  # a residual is shrunk towards 0 as if by this many (weigh
 
 
 class DraftCost:
-    def __init__(self, window: int = 64, decay: float = 0.96) -> None:
-        self._x: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
-        self._y: collections.deque[float] = collections.deque(maxlen=window)
+    def __init__(self, window: int = 64, decay: float = 0.96, draft_window: int = 32) -> None:
+        # (features, seconds) of plain steps and of steps with drafts, each window its own
+        self._plain: collections.deque[tuple[tuple[float, ...], float]] = collections.deque(maxlen=window)
+        self._drafted: collections.deque[tuple[tuple[float, ...], float]] = collections.deque(maxlen=draft_window)
         self.decay = decay
         self.coef: tuple[float, ...] | None = None  # (a, b, c, g, h)
         self._new = 0  # observations since the last fit
@@ -37,14 +40,14 @@ class DraftCost:
 
     @property
     def ready(self) -> bool:
-        return len(self._y) >= 3
+        return len(self._plain) + len(self._drafted) >= 3
 
     def observe(self, decodes: int, drafts: int, extra_passes: int, draft_passes: int, seconds: float) -> None:
         """A finished step that carried `decodes` decodes (and no prompt chunk) with `drafts` draft tokens."""
         if decodes <= 0:
             return
-        self._x.append((1.0, float(decodes), float(drafts), float(extra_passes), float(draft_passes)))
-        self._y.append(seconds)
+        x = (1.0, float(decodes), float(drafts), float(extra_passes), float(draft_passes))
+        (self._drafted if drafts or draft_passes else self._plain).append((x, seconds))
         self._new += 1
 
     def predict(self, decodes: int, drafts: int, extra_passes: int, draft_passes: int = 0) -> float:
@@ -59,12 +62,16 @@ class DraftCost:
         return sum(c * v for c, v in zip(self.coef, x))  # type: ignore[arg-type]
 
     def _fit(self) -> None:
-        X, y = np.array(self._x), np.array(self._y)
-        w = self.decay ** np.arange(len(y))[::-1]
+        rows = list(self._plain) + list(self._drafted)
+        X, y = np.array([x for x, _ in rows]), np.array([t for _, t in rows])
+        w = np.concatenate([self.decay ** np.arange(len(q))[::-1] for q in (self._plain, self._drafted)])
         plain = X[:, 2] == 0
-        per_decode = float(np.average(y[plain] / X[plain, 1], weights=w[plain])) if plain.any() else \
-            float(np.average(y / X[:, 1], weights=w))
-        prior = np.array([0.0, 0.0, PRIOR_ROW, PRIOR_PASS, PRIOR_DRAFT_PASS]) * per_decode
+        ref = plain if plain.any() else np.ones(len(y), dtype=bool)
+        per_decode = float(np.average(y[ref] / X[ref, 1], weights=w[ref]))
+        # a pass of its own reads the weights again, which is most of a batched step on a CPU (four Gemma 3 270M
+        # decodes took 45 ms, and each span with its own pass added about 20 ms), so it is priced like a whole step
+        per_step = float(np.average(y[ref], weights=w[ref]))
+        prior = np.array([0.0, 0.0, PRIOR_ROW * per_decode, PRIOR_PASS * per_step, PRIOR_DRAFT_PASS * per_decode])
         lam = np.diag([0.0, 0.0, 2.0, 2.0, 2.0])  # ~two observations of one draft token / pass
         A = X.T @ (w[:, None] * X) + lam
         rhs = X.T @ (w * y) + lam @ prior

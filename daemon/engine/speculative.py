@@ -44,6 +44,7 @@ SEQ_WEIGHT = 3.0  # the engine-wide rate counts as this many drafts in a sequenc
 DECAY = 0.98  # engine-wide counts fade, so the rate follows what the model is being asked now
 LOOKAHEAD = 4  # draft tokens past a sequence's current ones weighed together (a cost step can hide behind one)
 PROBE_EVERY = 32  # a sequence not drafting for this many steps tries one token on a match of 2+ (rates change)
+MAX_PROBE_EVERY = 512  # ... and after each probe wholly rejected waits twice as long, up to this
 
 
 class Drafter(Protocol):
@@ -99,6 +100,7 @@ class _SeqSpec:
     acc: list[float] = field(default_factory=lambda: [0.0] * (MAX_BUCKET + 1))
     rej: list[float] = field(default_factory=lambda: [0.0] * (MAX_BUCKET + 1))
     idle: int = 0  # steps since it last carried a draft
+    probe_every: int = PROBE_EVERY  # idle steps before it probes; doubles while its drafts are wholly rejected
 
 
 @dataclass(eq=False)
@@ -284,12 +286,22 @@ class Speculator:
             cands[i].k = ks[i] = m
             rows_left, tokens_left = rows_left - add, tokens_left - add
             gain, t = gain + g, t_new
-        for c in cands:  # a sequence that has not drafted for long tries one token on a good match
-            st = self._seqs[c.span.seq.seq_id]
-            if not c.fixed and c.k == 0 and st.idle >= PROBE_EVERY and c.bucket >= 2 and rows_left > 0 \
-                    and tokens_left > 0:
-                c.k = 1
-                rows_left, tokens_left = rows_left - 1, tokens_left - 1
+        self._probe(d, cands, ks, limit if rows_left > 0 and tokens_left > 0 else -1.0)
+
+    def _probe(self, d: int, cands: list[_Candidate], ks: list[int], limit: float) -> None:
+        """A sequence that has not drafted for long tries one token on a good match (rates change): one a step (the
+        longest idle), within the latency target. On llama.cpp's per-sequence streams a drafting span is a pass of
+        its own, so four streams probing in one step once took 138 ms where their decodes took 45."""
+        idle = [(self._seqs[c.span.seq.seq_id].idle, c.bucket, i) for i, c in enumerate(cands)
+                if not c.fixed and c.k == 0 and c.bucket >= 2
+                and self._seqs[c.span.seq.seq_id].idle >= self._seqs[c.span.seq.seq_id].probe_every]
+        if not idle:
+            return
+        i = max(idle)[2]
+        trial = ks.copy()
+        trial[i] = 1
+        if self._predict(d, cands, trial) <= limit:
+            cands[i].k = 1
 
     # ---- feedback ----
     def verified(self, seq: Sequence, bucket: int, drafted: int, accepted: int) -> None:
@@ -305,6 +317,7 @@ class Speculator:
         if st is not None:
             st.acc[bucket] += accepted
             st.rej[bucket] += rejected
+            st.probe_every = PROBE_EVERY if accepted else min(2 * st.probe_every, MAX_PROBE_EVERY)
         c = self.counters
         c.spans += 1
         c.drafted += drafted

@@ -197,6 +197,8 @@ def main() -> None:
     ap.add_argument("--stall-only", action="store_true",
                     help="only the stall scenario (speculation off first), written to OUT_stall.json")
     ap.add_argument("--report-only", action="store_true", help="rewrite OUT.md from OUT.json, run nothing")
+    ap.add_argument("--only", help="only the scenarios whose name contains this (e.g. 'temperature'), no stall")
+    ap.add_argument("--servers", help="comma-separated subset of the servers (e.g. 'evenflow,evenflow spec off')")
     a = ap.parse_args()
     if a.report_only:
         out = json.loads(Path(a.out + ".json").read_text())
@@ -212,6 +214,8 @@ def main() -> None:
                                     capture_output=True, text=True).stdout.strip()
     doc = document(a.doc_chars)
     names = ["evenflow", "evenflow spec off", "llama-server", "llama-server ngram-simple"]
+    if a.servers:
+        names = [n for n in names if n in a.servers.split(",")]
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
     meta: dict[str, Any] = {"model": Path(gguf).name, "cpu": cpu, "threads": THREADS, "doc_chars": len(doc),
@@ -228,6 +232,8 @@ def main() -> None:
             complete(url, doc + EXTRACT[0][1], 4, 0.0, 1)
         jobs = [(f"extract: {q}", doc + p, 0.0) for q, p in EXTRACT]
         jobs += [("story, greedy", STORY, 0.0), ("story, temperature 0.8", STORY, 0.8)]
+        if a.only:
+            jobs = [j for j in jobs if a.only in j[0]]
         for rep in range(a.reps):
             for j, (scenario, prompt, temp) in enumerate(jobs):
                 order = names[(rep + j) % len(names):] + names[:(rep + j) % len(names)]  # who goes first rotates
@@ -244,7 +250,7 @@ def main() -> None:
                     print(f"{rep} {scenario:32s} {name:26s} {r['tokens']:4d} tok "
                           f"{r['decode_tok_s'] or 0:6.1f} tok/s  {r['text'][:50]!r}", flush=True)
         stalls = {}
-        if not a.skip_stall:
+        if not a.skip_stall and not a.only:
             for name in ("evenflow", "evenflow spec off"):
                 res = stall(urls[name], a.stall_seconds, 7)
                 stalls[name] = {**stall_summary(res), "raw": res}
@@ -252,8 +258,8 @@ def main() -> None:
     meta["loadavg_end"] = os.getloadavg()
     table = summarize(rows, names)
     # the extraction scenarios together: per server, the median over every extraction request
-    ext = {n: statistics.median([r["decode_tok_s"] for r in rows if r["scenario"].startswith("extract")
-                                 and r["server"] == n and r["decode_tok_s"]]) for n in names}
+    ext = {n: statistics.median(v) for n in names if (v := [r["decode_tok_s"] for r in rows if r["server"] == n and
+                                                            r["scenario"].startswith("extract") and r["decode_tok_s"]])}
     out = {"meta": meta, "rows": rows, "median_decode_tok_s": table, "extraction_median": ext,
            "speculation": {k: {**v, "acceptance": v["accepted"] / v["draft"] if v["draft"] else 0.0,
                                "tokens_per_forward": (v["decodes"] + v["accepted"]) / v["decodes"] if v["decodes"]

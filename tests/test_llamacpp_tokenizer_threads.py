@@ -86,7 +86,8 @@ def test_token_texts_read_by_many_threads_at_once(vocab_path: Path, pieces: dict
             th.start()
         for th in threads:
             th.join()
-        assert not wrong, f"{len(wrong)} token texts read wrong, e.g. {wrong[:3]} (want {[pieces[t] for t, _ in wrong[:3]]})"
+        assert not wrong, f"{len(wrong)} token texts read wrong, e.g. {wrong[:3]}, " \
+                          f"not {[pieces[t] for t, _ in wrong[:3]]}"
         assert all(tok.token_bytes(t) == pieces[t] for t in ids)
     finally:
         tok.close()

@@ -37,6 +37,7 @@ class DraftCost:
         self.coef: tuple[float, ...] | None = None  # (a, b, c, g, h)
         self._new = 0  # observations since the last fit
         self._residual: dict[int, float] = {}  # tokens in the step -> mean of (seconds - the line's prediction)
+        self.noise = 0.0  # standard deviation of what the prediction misses, seconds
 
     @property
     def ready(self) -> bool:
@@ -88,3 +89,7 @@ class DraftCost:
         miss, count = y - X @ coef, X[:, 1] + X[:, 2]
         self._residual = {int(n): float(np.sum(w[m] * miss[m]) / (np.sum(w[m]) + RESIDUAL_PRIOR))
                           for n in np.unique(count) if (m := count == n).any()}
+        # what the prediction still misses on the steps that carried drafts (the plain ones where none did yet)
+        left = miss - np.array([self._residual[int(n)] for n in count])
+        on = ~plain if (~plain).sum() >= 3 else np.ones(len(y), dtype=bool)
+        self.noise = float(np.sqrt(np.average(left[on] ** 2, weights=w[on])))

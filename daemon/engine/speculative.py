@@ -128,7 +128,7 @@ class Speculator:
     """Proposes drafts for a step's decodes, sizes them, and learns from how they fared."""
 
     def __init__(self, config: SpecConfig, drafter: Drafter, max_rows: int | None, *, one_pass: bool,
-                 max_step_tokens: int, target_s: float | None, margin: float = 1.0) -> None:
+                 max_step_tokens: int, target_s: float | None, margin: float = 1.0, tail: float = 1.0) -> None:
         self.config = config
         # the default drafter under "" (prompt lookup, or the Modelfile's draft model), a request's named draft model
         # under its names; replaced whole when one is added (the manager adds from another thread)
@@ -137,7 +137,7 @@ class Speculator:
         self.one_pass = one_pass  # a step is one pass whatever its spans (torch, MLX, llama.cpp's unified KV)
         self.max_step_tokens = max_step_tokens
         self.target_s = target_s  # a step with drafts stays under this (None: no latency target)
-        self.margin = margin
+        self.margin, self.tail = margin, tail
         self.cost = DraftCost()
         self.counters = SpecCounters()
         self._seqs: dict[int, _SeqSpec] = {}
@@ -263,9 +263,9 @@ class Speculator:
         t = self._predict(d, cands, ks)
         gain = float(d) + sum(sum(c.alpha ** j for j in range(1, c.k + 1)) for c in cands)
         # the latency target is the other streams' promise: a lone decode's step may run past it (it gets the tokens).
-        # Aimed below it as the budget aims a prompt chunk: by its margin and one deviation of what the cost model
-        # misses (steps planned at 149 ms of 150 took 158-205 once the document that went in was decoding too)
-        limit = self.margin * self.target_s - self.cost.noise if self.target_s is not None and d > 1 \
+        # Aimed below it as the budget aims a prompt chunk: by its margin and its tail of deviations of what the cost
+        # model misses (steps planned at 149 ms of 150 took 158-205 once the document that went in was decoding too)
+        limit = self.margin * self.target_s - self.tail * self.cost.noise if self.target_s is not None and d > 1 \
             else float("inf")
         while rows_left > 0 and tokens_left > 0:
             best = None  # (expected tokens per second added, index, tokens, expected tokens, new step time)
@@ -368,4 +368,5 @@ def make_speculator(mode: str, runner: Runner, policy: BudgetPolicy, draft: Runn
                       one_pass=runner.kv_layout != "streams",
                       max_step_tokens=min(policy.max_tokens, runner.max_batch_tokens or policy.max_tokens),
                       target_s=policy.target if isinstance(policy, AdaptiveBudget) else None,
-                      margin=policy.margin if isinstance(policy, AdaptiveBudget) else 1.0)
+                      margin=policy.margin if isinstance(policy, AdaptiveBudget) else 1.0,
+                      tail=policy.tail if isinstance(policy, AdaptiveBudget) else 1.0)

@@ -31,11 +31,12 @@ def step_seconds(plan, rng: random.Random, jitter: float) -> float:
     return t * (1 + jitter * abs(rng.gauss(0, 1)))
 
 
-def replay(prompt_len: int, jitter: float, seed: int) -> dict:
+def replay(prompt_len: int, jitter: float, seed: int, tail: float | None = None) -> dict:
     rng = random.Random(seed)
     blocks = BlockManager(4096, 16)
     sched = Scheduler(SchedulerConfig("chunked", 8, None, 512, False), blocks,
-                      AdaptiveBudget(150, max_tokens=512, tile=1, floor=4))
+                      AdaptiveBudget(150, max_tokens=512, tile=1, floor=4,
+                                     **({} if tail is None else {"tail": tail})))
     ids = iter(range(100, 10**7))
     for _ in range(4):
         sched.add(Sequence([next(ids) for _ in range(20)], SamplingParams(temperature=0), 1 << 20))
@@ -71,7 +72,20 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=2048)
     ap.add_argument("--jitter", default="0,0.05,0.15,0.3")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tails", help="compare these aims (residual deviations under the target), e.g. 1,2.33: a "
+                                    "table of TTFT and step-time P99 per jitter, means over --seeds runs")
+    ap.add_argument("--seeds", type=int, default=20)
     a = ap.parse_args()
+    if a.tails:
+        print("| tail | jitter | TTFT s | P99 ms | max ms | runs with P99 > 150 ms |\n|---|---|---|---|---|---|")
+        for t in a.tails.split(","):
+            for j in a.jitter.split(","):
+                rs = [replay(a.prompt_len, float(j), a.seed + i, float(t)) for i in range(a.seeds)]
+                mean = lambda k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+                over = sum(r["p99_ms"] > 150 for r in rs)
+                print(f"| {t} | {j} | {mean('ttft_s'):.2f} | {mean('p99_ms'):.1f} | {mean('max_ms'):.1f} | "
+                      f"{over} of {len(rs)} |", flush=True)
+        return
     for j in a.jitter.split(","):
         print(json.dumps(replay(a.prompt_len, float(j), a.seed)))
 

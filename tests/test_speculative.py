@@ -168,7 +168,7 @@ def test_draft_num_predict_0_never_drafts() -> None:
 
 
 def _sized(kept: int, step_s: float, per_draft_s: float, target_ms: float = 150.0, streams: int = 1,
-           jump_s: float = 0.0, jitter_s: float = 0.0) -> int:
+           jump_s: float = 0.0, jitter_s: float = 0.0, seen: tuple[int, ...] | None = None) -> int:
     """The draft tokens the speculator gives `streams` decodes once it has measured steps costing `step_s` plus
     `per_draft_s` a draft token (and `jump_s` more from 5 tokens in the step on), and drafts of 5 tokens of which
     `kept` were kept (5: all, 4: 80%, 0: none)."""
@@ -184,7 +184,7 @@ def _sized(kept: int, step_s: float, per_draft_s: float, target_ms: float = 150.
             spec.verified(q, 4, 5, kept)
     for rnd in range(3 if jitter_s else 1):  # jitter: each step measured above and below its cost
         for d in (1, 2):
-            for i, k in enumerate((0, 0, 2, 4, 8, 0, 6, 1, 3, 5) if jump_s else (0, 0, 2, 4, 8, 0, 6, 1)):
+            for i, k in enumerate(seen or ((0, 0, 2, 4, 8, 0, 6, 1, 3, 5) if jump_s else (0, 0, 2, 4, 8, 0, 6, 1))):
                 spec.cost.observe(d, k, 0, 0, step_s + per_draft_s * k + (jump_s if d + k >= 5 else 0.0)
                                   + (jitter_s if (i + rnd) % 2 else -jitter_s))
     plan = engine.scheduler.schedule()
@@ -243,6 +243,15 @@ def test_what_a_draft_costs_outlives_a_run_of_plain_steps() -> None:
         cost.observe(4, 0, 0, 0, 0.045)
     assert cost.predict(4, 1, 1) == pytest.approx(0.070, rel=0.1)
     assert cost.predict(4, 0, 0) == pytest.approx(0.045, rel=0.05)
+
+
+def test_drafts_grow_from_what_was_measured_while_others_wait() -> None:
+    """Others decoding: a step carries at most 1.5x the draft tokens a step was measured with (at least 2), as the
+    budget never extrapolates a chunk far; a lone decode is bound only by what pays."""
+    assert _sized(5, 0.020, 0.002, streams=2, seen=(0, 0, 0, 1, 0, 2, 0)) == 3
+    assert _sized(5, 0.020, 0.002, streams=2, seen=(0, 0, 0, 0, 0, 0)) == 2
+    assert _sized(5, 0.020, 0.002, streams=2, seen=(0, 4, 0, 6, 0)) == 9
+    assert _sized(5, 0.020, 0.002, seen=(0, 0, 0, 1, 0, 2, 0)) == 16
 
 
 def _probes(target_ms: float, pass_s: float, streams: int = 4) -> tuple[int, int]:

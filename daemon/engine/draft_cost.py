@@ -43,6 +43,11 @@ class DraftCost:
     def ready(self) -> bool:
         return len(self._plain) + len(self._drafted) >= 3
 
+    @property
+    def most_drafts(self) -> int:
+        """The most draft tokens a step in the window was measured with."""
+        return int(max((x[2] for x, _ in self._drafted), default=0))
+
     def observe(self, decodes: int, drafts: int, extra_passes: int, draft_passes: int, seconds: float) -> None:
         """A finished step that carried `decodes` decodes (and no prompt chunk) with `drafts` draft tokens."""
         if decodes <= 0:

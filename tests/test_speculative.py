@@ -254,6 +254,29 @@ def test_drafts_grow_from_what_was_measured_while_others_wait() -> None:
     assert _sized(5, 0.020, 0.002, seen=(0, 0, 0, 1, 0, 2, 0)) == 16
 
 
+def test_sampled_requests_learn_their_own_acceptance() -> None:
+    """A sampled token equals a draft only with its probability: greedy extraction's kept drafts do not make a story
+    at temperature 0.8 draft, and its rejected drafts do not stop extraction's."""
+    from evenflow.daemon.engine.speculative import _rate_key
+
+    engine = toy_engine()
+    spec = engine.spec
+    greedy, sampled = [engine.submit(PROMPTS[i], SamplingParams(temperature=t, seed=1, num_predict=50), loop=None)
+                       for i, t in ((0, 0.0), (1, 0.8))]
+    engine.run_once()
+    g, s = sorted(engine.scheduler.running, key=lambda q: q.params.temperature)
+    src = spec.source(g)
+    before = spec.alpha(src, _SeqSpec(), 4, _rate_key(s, 4))
+    for _ in range(40):
+        spec.verified(g, 4, 8, 8)
+        spec.verified(s, 4, 8, 0)
+    fresh = _SeqSpec()
+    assert spec.alpha(src, fresh, 4, _rate_key(g, 4)) > 0.85  # greedy: drafts of a 4+ match kept
+    assert spec.alpha(src, fresh, 4, _rate_key(s, 4)) < before < 0.8  # sampled: its own record, rejected
+    for sub in (greedy, sampled):
+        engine.abort(sub.seq_id)
+
+
 def _probes(target_ms: float, pass_s: float, streams: int = 4) -> tuple[int, int]:
     """(draft tokens, drafting spans) the speculator gives `streams` decodes that have all drafted nothing for long
     and hold a 2-token match of poor acceptance, on llama.cpp's per-sequence streams (a drafting span is a pass of

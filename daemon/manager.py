@@ -63,7 +63,7 @@ class ModelManager:
         self._pending = 0  # requests waiting for a model (queue depth before the engine)
         self._closing = False
         self._listeners: list[Callable[[dict], None]] = []  # engine event subscribers, attached at load
-        self.drafts = Drafts(resolve, loader, lambda ev: self._notify(ev))
+        self.drafts = Drafts(resolve, loader, self._notify)
         # cached prefixes outlive an unload or a restart (engine/kv_disk.py); None when the budget is 0
         self.kv_disk = DiskKVCache(settings.kv_cache_dir, settings.kv_cache_size) if settings.kv_cache_size > 0 \
             else None

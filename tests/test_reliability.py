@@ -211,7 +211,9 @@ def test_width_bombs_are_400s_while_version_answers_and_a_stream_keeps_going(tmp
         def stream() -> None:
             try:
                 with httpx.stream("POST", d.url + "/api/generate", timeout=300,
-                                  json={"model": "tiny", "prompt": "hi", "options": {"num_predict": 40}}) as r:
+                                  # greedy: the synthetic model's EOS (logit 0) never wins it, but can be sampled
+                                  json={"model": "tiny", "prompt": "hi",
+                                        "options": {"num_predict": 40, "temperature": 0}}) as r:
                     lines.extend(json.loads(line) for line in r.iter_lines())
             finally:
                 stream_done.set()

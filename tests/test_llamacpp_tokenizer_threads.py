@@ -18,9 +18,18 @@ from evenflow.backends.llamacpp.tokenizer import open_vocab  # noqa: E402
 from evenflow.backends.synthetic import cached_model, make_spec  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def vocab_path() -> Path:
-    return cached_model(make_spec("tiny", architecture="llama"), formats=("gguf",), gguf_dtype="f32")["gguf"]
+# the synthetic model's vocabulary and every real one in the shared fixtures (SentencePiece and byte-level BPE)
+VOCABS = ["synthetic", "llama-spm", "llama-bpe", "qwen2", "gpt-2", "phi-3"]
+
+
+@pytest.fixture(scope="module", params=VOCABS)
+def vocab_path(request) -> Path:
+    if request.param == "synthetic":
+        return cached_model(make_spec("tiny", architecture="llama"), formats=("gguf",), gguf_dtype="f32")["gguf"]
+    path = request.getfixturevalue("fixtures_dir") / "vocab" / f"ggml-vocab-{request.param}.gguf"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -135,8 +135,7 @@ class AdaptiveBudget:
         if self.coef is None:
             return max(floor, min(self._probe - planned, room))
         a, b, e, g, c, d = self.coef
-        slack = self.margin * self.target - self.tail * self.noise \
-            - (a + b * num_decodes + e + g * spans + c * planned + d * work)
+        slack = self.aim(self.noise) - (a + b * num_decodes + e + g * spans + c * planned + d * work)
         lin = c + d * (prefill_start + quad)  # cost per chunk token, plus quad*d per token squared
         q = quad * d
         if spans:
@@ -155,6 +154,10 @@ class AdaptiveBudget:
             chunk /= 2
         chunk = int(max(min(chunk, room), 0)) // self.tile * self.tile
         return max(floor, min(chunk, room))
+
+    def aim(self, noise: float) -> float:
+        """The step time to plan for, given the standard deviation of what the cost model misses (seconds)."""
+        return self.margin * self.target - self.tail * noise
 
     def observe(self, cost: StepCost) -> None:
         if cost.num_decodes == 0 and cost.prefill_tokens == 0:

@@ -21,14 +21,15 @@ its own drafter: the model's default (prompt lookup, or its Modelfile's draft mo
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from ...backends.base import Runner
+from .blocks import BlockManager
 from .budget import AdaptiveBudget, BudgetPolicy
 from .draft_cost import DraftCost
 from .draft_model import DraftModel
-from .blocks import BlockManager
 from .ngram import PromptLookup
 from .scheduler import ScheduledSpan, StepPlan
 from .sequence import Sequence
@@ -130,7 +131,7 @@ class Speculator:
     """Proposes drafts for a step's decodes, sizes them, and learns from how they fared."""
 
     def __init__(self, config: SpecConfig, drafter: Drafter, max_rows: int | None, *, one_pass: bool,
-                 max_step_tokens: int, target_s: float | None, margin: float = 1.0, tail: float = 1.0) -> None:
+                 max_step_tokens: int, aim: Callable[[float], float] | None) -> None:
         self.config = config
         # the default drafter under "" (prompt lookup, or the Modelfile's draft model), a request's named draft model
         # under its names; replaced whole when one is added (the manager adds from another thread)
@@ -138,8 +139,8 @@ class Speculator:
         self.max_rows = max_rows
         self.one_pass = one_pass  # a step is one pass whatever its spans (torch, MLX, llama.cpp's unified KV)
         self.max_step_tokens = max_step_tokens
-        self.target_s = target_s  # a step with drafts stays under this (None: no latency target)
-        self.margin, self.tail = margin, tail
+        # the step time a step with drafts plans for, given the cost model's noise: the budget's (None: no target)
+        self.aim = aim
         self.cost = DraftCost()
         self.counters = SpecCounters()
         self._seqs: dict[int, _SeqSpec] = {}
@@ -266,10 +267,9 @@ class Speculator:
         t = self._predict(d, cands, ks)
         gain = float(d) + sum(sum(c.alpha ** j for j in range(1, c.k + 1)) for c in cands)
         # the latency target is the other streams' promise: a lone decode's step may run past it (it gets the tokens).
-        # Aimed below it as the budget aims a prompt chunk: by its margin and its tail of deviations of what the cost
-        # model misses (steps planned at 149 ms of 150 took 158-205 once the document that went in was decoding too)
-        limit = self.margin * self.target_s - self.tail * self.cost.noise if self.target_s is not None and d > 1 \
-            else float("inf")
+        # Aimed below it as the budget aims a prompt chunk, by what the cost model misses (steps planned at 149 ms of
+        # 150 took 158-205 once the document that went in was decoding too)
+        limit = self.aim(self.cost.noise) if self.aim is not None and d > 1 else float("inf")
         if limit < float("inf"):
             # and, as the budget's chunks, never far past the draft tokens a step has been measured with: the first
             # step with 11 (four streams, one drafting) took 174 ms where the prior had priced it under the target
@@ -303,9 +303,9 @@ class Speculator:
         """A sequence that has not drafted for long tries one token on a good match (rates change): one a step (the
         longest idle), within the latency target. On llama.cpp's per-sequence streams a drafting span is a pass of
         its own, so four streams probing in one step once took 138 ms where their decodes took 45."""
-        idle = [(self._seqs[c.span.seq.seq_id].idle, c.bucket, i) for i, c in enumerate(cands)
+        idle = [(st.idle, c.bucket, i) for i, c in enumerate(cands)
                 if not c.fixed and c.k == 0 and c.bucket >= 2
-                and self._seqs[c.span.seq.seq_id].idle >= self._seqs[c.span.seq.seq_id].probe_every]
+                and (st := self._seqs[c.span.seq.seq_id]).idle >= st.probe_every]
         if not idle:
             return
         i = max(idle)[2]
@@ -380,6 +380,4 @@ def make_speculator(mode: str, runner: Runner, policy: BudgetPolicy, draft: Runn
     return Speculator(SpecConfig("ngram" if draft is None else "draft"), drafter, runner.max_logits_rows,
                       one_pass=runner.kv_layout != "streams",
                       max_step_tokens=min(policy.max_tokens, runner.max_batch_tokens or policy.max_tokens),
-                      target_s=policy.target if isinstance(policy, AdaptiveBudget) else None,
-                      margin=policy.margin if isinstance(policy, AdaptiveBudget) else 1.0,
-                      tail=policy.tail if isinstance(policy, AdaptiveBudget) else 1.0)
+                      aim=policy.aim if isinstance(policy, AdaptiveBudget) else None)

@@ -296,11 +296,10 @@ def test_disconnect_mid_stream_frees_the_kv(daemon: Daemon) -> None:
         gate.allow(8)  # the prompt and a few tokens; then the engine waits with the sequence holding its KV
         body = {"model": "tiny", "max_tokens": 1000, "stream": True, "messages": MSGS, **GREEDY}
         with httpx.stream("POST", daemon.url + "/v1/messages", json=body, timeout=120) as r:
+            lines = r.iter_lines()  # kept: a generator dropped mid-way closes the connection (aborts the request)
             deltas = 0
-            for line in r.iter_lines():
-                deltas += line == "event: content_block_delta"
-                if deltas == 3:
-                    break
+            while deltas < 3:
+                deltas += next(lines) == "event: content_block_delta"
             assert kv_used(daemon, "tiny:latest") > 0
         deadline = time.monotonic() + 60  # the abort reaches the engine's inbox once the server sees the close
         while not engine._inbox and time.monotonic() < deadline:
